@@ -1,0 +1,66 @@
+"""Admin for teams and API keys. A key's hash is never displayed; the raw key is shown once."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+from django.utils import timezone
+
+from e2bfacade.models import ApiKey, Team, api_key_create
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin[Team]):
+    list_display = ["name", "key_count", "created_at"]
+    search_fields = ["name"]
+    readonly_fields = ["created_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
+        # One query for the whole changelist instead of a COUNT per row.
+        return super().get_queryset(request).annotate(key_count=Count("api_keys"))
+
+    @admin.display(description="API keys", ordering="key_count")
+    def key_count(self, team: Team) -> int:
+        return int(getattr(team, "key_count", 0))
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+    list_display = ["prefix", "name", "team", "created_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    list_select_related = ["team"]
+    search_fields = ["prefix", "name", "team__name"]
+    # key_hash is in neither list: it is useless to a human and only helps an attacker.
+    fields = ["team", "name", "prefix", "created_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at"]
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        # A key cannot move to another team after creation: its holder would silently gain
+        # access to that team's sandboxes.
+        return [*self.readonly_fields, "team"] if obj is not None else list(self.readonly_fields)
+
+    def save_model(
+        self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool
+    ) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # New keys go through the one service that makes them; the admin then works on the
+        # stored row. The raw key exists only in this response.
+        key, raw = api_key_create(team=obj.team, name=obj.name)
+        obj.pk = key.pk
+        obj.refresh_from_db()
+        self.message_user(
+            request,
+            f"New API key for team {obj.team}: {raw} — copy it now, it is stored hashed and "
+            "will not be shown again.",
+            messages.WARNING,
+        )
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)

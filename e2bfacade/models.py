@@ -1,0 +1,63 @@
+"""Teams and their API keys: every resource belongs to exactly one team."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from django.db import models
+
+API_KEY_PREFIX = "e2b_"
+
+
+def hash_api_key(raw: str) -> str:
+    # Keys are 160 random bits: a plain SHA-256 is enough (no dictionary to defend against),
+    # and it lets authentication look the key up by an indexed equality.
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name"], name="team_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+    def resolve(self, raw: str) -> ApiKey | None:
+        """The live key for ``raw``, compared in constant time after the indexed lookup."""
+        digest = hash_api_key(raw)
+        key = self.select_related("team").filter(key_hash=digest, revoked_at__isnull=True).first()
+        if key is None or not hmac.compare_digest(key.key_hash, digest):
+            return None
+        return key
+
+
+class ApiKey(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=255, blank=True)
+    key_hash = models.CharField(max_length=64, editable=False)
+    # The first characters, so an operator can tell keys apart without the secret.
+    prefix = models.CharField(max_length=16, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key_hash"], name="apikey_hash_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.team})"
+
+
+def api_key_create(*, team: Team, name: str = "") -> tuple[ApiKey, str]:
+    """Create a key for ``team``; returns the row and the raw key, which is never stored."""
+    raw = API_KEY_PREFIX + secrets.token_hex(20)
+    key = ApiKey.objects.create(team=team, name=name, key_hash=hash_api_key(raw), prefix=raw[:10])
+    return key, raw

@@ -1,0 +1,154 @@
+"""e2bfacade settings: everything comes from the environment through django-environ.
+
+Every variable is optional for a local run (SQLite file, local runtime under
+``/var/lib/e2bfacade``). A malformed value stops the process at start with a message naming
+the variable, never a half-configured service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import django_stubs_ext
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+# Lets `admin.ModelAdmin[Team]` and friends be subscripted at runtime, as django-stubs types them.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+
+def _positive_int(name: str, default: int) -> int:
+    try:
+        value: int = env.int(name, default=default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {env.str(name)!r}") from exc
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be positive, got {value}")
+    return value
+
+
+DEBUG = env.bool("DEBUG", default=False)
+# A local run needs no secret; production sets SECRET_KEY (the serve script generates one
+# into .env on first start so that sessions survive restarts).
+SECRET_KEY = env.str("SECRET_KEY", default="e2bfacade-insecure-local-only")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "e2bfacade",
+    "templates",
+    "sandboxes",
+    "snapshots",
+    "idempotency",
+]
+
+MIDDLEWARE = [
+    # Outermost, so that it sees every error response any layer below produced.
+    "e2bfacade.errors.ErrorShapeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "e2bfacade.urls"
+# E2B paths carry no trailing slash; never redirect a POST to add one.
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "e2bfacade.wsgi.application"
+
+try:
+    DATABASES = {
+        "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+    }
+except (environ.ImproperlyConfigured, ValueError) as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from exc
+# django-environ accepts any scheme and returns an empty ENGINE for text that is not a URL,
+# which would otherwise surface later as a KeyError. Name the variable, never echo the URL:
+# it may hold a password.
+if DATABASES["default"].get("ENGINE") not in {
+    "django.db.backends.sqlite3",
+    "django.db.backends.postgresql",
+}:
+    raise ImproperlyConfigured(
+        "DATABASE_URL must be a sqlite:// or postgres:// URL (the only supported databases)"
+    )
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL and a busy timeout let several gunicorn workers share the embedded file.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["e2bfacade.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "e2bfacade.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# --- sandboxes -------------------------------------------------------------------------
+SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")
+if SANDBOX_RUNTIME not in {"local"}:
+    raise ImproperlyConfigured(
+        f"SANDBOX_RUNTIME={SANDBOX_RUNTIME!r} is not available; this build ships 'local' only"
+    )
+SANDBOX_ROOT = Path(env.str("SANDBOX_ROOT", default="/var/lib/e2bfacade"))
+if not SANDBOX_ROOT.is_absolute():
+    raise ImproperlyConfigured(f"SANDBOX_ROOT must be an absolute path, got {str(SANDBOX_ROOT)!r}")
+SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 3600)
+
+# --- idempotency -----------------------------------------------------------------------
+IDEMPOTENCY_TTL_SECONDS = _positive_int("IDEMPOTENCY_TTL_SECONDS", 86400)
+IDEMPOTENCY_LEASE_SECONDS = _positive_int("IDEMPOTENCY_LEASE_SECONDS", 30)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

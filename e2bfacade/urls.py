@@ -1,0 +1,21 @@
+"""Root URLconf. E2B paths carry no prefix, so every app's routes are mounted at the root."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import URLPattern, URLResolver, include, path
+
+from e2bfacade.views import HealthView
+
+# Django's own errors (unknown route, DisallowedHost, an unhandled exception) in E2B's
+# `{code, message}` shape: the SDKs parse the body before they look at the status.
+handler400 = "e2bfacade.errors.handler400"
+handler403 = "e2bfacade.errors.handler403"
+handler404 = "e2bfacade.errors.handler404"
+handler500 = "e2bfacade.errors.handler500"
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("admin/", admin.site.urls),
+    path("health", HealthView.as_view(), name="health"),
+    path("", include("sandboxes.urls")),
+]

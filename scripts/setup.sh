@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Prepare a machine to run e2bfacade: system packages and .venv from requirements.txt.
+#
+# Idempotent and fast on re-runs: apt is touched only when a package is missing, and pip only
+# when requirements.txt changed since the last successful install (its hash is kept in
+# .venv/.requirements.sha256). Run as root on Debian 12 (apt-get needs it).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`.
+# tar: template and snapshot archives. tini: the reaping PID 1 inside each sandbox.
+packages=(gcc libc6-dev tar tini)
+if ! command -v python3 >/dev/null; then
+    packages+=(python3 python3-venv)
+elif [[ ! -x .venv/bin/python ]]; then
+    # Debian's python3 can create a venv only with python3-venv installed; probe for real
+    # rather than guess, since a non-Debian python3 (pyenv, deadsnakes) may not need it.
+    probe="$(mktemp -d)"
+    if ! python3 -m venv "$probe/venv" >/dev/null 2>&1; then
+        packages+=(python3-venv)
+    fi
+    rm -rf "$probe"
+fi
+
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+        || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    if [[ $EUID -ne 0 ]]; then
+        log "missing system packages: ${missing[*]}; run this script as root to install them"
+        exit 1
+    fi
+    log "installing system packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# A venv whose interpreter no longer runs (python upgraded or removed) is rebuilt.
+if [[ -d .venv ]] && ! .venv/bin/python -c '' 2>/dev/null; then
+    log "removing broken .venv"
+    rm -rf .venv
+fi
+if [[ ! -d .venv ]]; then
+    log "creating .venv"
+    python3 -m venv .venv
+fi
+
+wanted="$(sha256sum requirements.txt | cut -d' ' -f1)"
+if [[ "$(cat .venv/.requirements.sha256 2>/dev/null || true)" != "$wanted" ]]; then
+    log "installing requirements.txt into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+    # Written only after pip succeeded, so an interrupted install is retried next time.
+    echo "$wanted" > .venv/.requirements.sha256
+fi

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The whole test suite, twice: on PostgreSQL (production's database, where the concurrency
+# guarantees are real) and on SQLite (the embedded default). Both must pass.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k idempotency -x`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/setup.sh
+
+log() { printf '[test] %s\n' "$*" >&2; }
+
+ensure_postgres() {
+    if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+        return
+    fi
+    if ! command -v pg_ctlcluster >/dev/null || [[ -z "$(ls /etc/postgresql 2>/dev/null)" ]]; then
+        log "installing PostgreSQL"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq postgresql >/dev/null
+    fi
+    local version
+    version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+    log "starting PostgreSQL $version"
+    # Fails harmlessly when the package's postinst already started it.
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 60); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && return
+        sleep 0.5
+    done
+    log "PostgreSQL did not come up on 127.0.0.1:5432"
+    exit 1
+}
+
+ensure_postgres_login() {
+    # A fresh Debian cluster trusts only local-socket peers; TCP logins need a password.
+    # Give the superuser a known one for this test machine only if we cannot get in already.
+    psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1 && return
+    export PGPASSWORD=postgres
+    psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1 && return
+    log "setting a password for the postgres role so that tests can log in over TCP"
+    runuser -u postgres -- psql -qc "ALTER ROLE postgres PASSWORD 'postgres'"
+}
+
+ensure_postgres
+ensure_postgres_login
+
+# Run both even when the first fails, so one run shows everything that is broken. Any
+# non-zero pytest status fails the suite, including 5 ("no tests collected").
+failed=()
+log "pytest on PostgreSQL"
+DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade .venv/bin/pytest "$@" \
+    || failed+=("PostgreSQL (exit $?)")
+
+sqlite_dir="$(mktemp -d)"
+trap 'rm -rf "$sqlite_dir"' EXIT
+log "pytest on SQLite"
+DATABASE_URL="sqlite:///$sqlite_dir/e2bfacade-test.sqlite3" .venv/bin/pytest "$@" \
+    || failed+=("SQLite (exit $?)")
+
+if ((${#failed[@]})); then
+    log "FAILED on: ${failed[*]}"
+    exit 1
+fi
+log "passed on PostgreSQL and SQLite"
