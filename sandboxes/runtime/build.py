@@ -1,0 +1,96 @@
+"""Builds and starts ``sandboxd``, the runtime's privileged C helper (see sandboxd.c).
+
+The binary is named after a hash of its source, and so is the daemon's socket: after an
+upgrade the new binary starts a daemon of its own while the old one keeps reaping the
+sandboxes it launched.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from sandboxes.runtime.base import RuntimeUnavailable
+
+SOURCE = Path(__file__).with_name("sandboxd.c")
+
+
+def source_hash() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def ensure_binary(root: Path) -> Path:
+    """The compiled helper for the current source, compiling it once if needed."""
+    binary = root / "bin" / f"sandboxd-{source_hash()}"
+    if binary.exists():
+        return binary
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeUnavailable(
+            "the local runtime compiles its helper with gcc, which is not installed "
+            "(scripts/setup.sh installs gcc and libc6-dev)"
+        )
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_name(f".{binary.name}.{os.getpid()}")
+    # Static, so the helper never depends on the host's libc after an upgrade.
+    proc = subprocess.run(
+        [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeUnavailable(f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}")
+    os.replace(tmp, binary)  # atomic: concurrent builders end with the same file
+    return binary
+
+
+def socket_path(root: Path) -> Path:
+    return root / "run" / f"sandboxd-{source_hash()}.sock"
+
+
+def _connectable(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def ensure_daemon(root: Path) -> Path:
+    """The socket of a live sandboxd, starting one if none answers. Safe from many processes."""
+    path = socket_path(root)
+    if _connectable(path):
+        return path
+    binary = ensure_binary(root)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path.parent / "sandboxd.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time; the others then connect
+        if _connectable(path):
+            return path
+        log = open(root / "run" / "sandboxd.log", "ab")  # noqa: SIM115 - handed to the child
+        # A new session detaches the daemon from the caller's terminal and process group, so
+        # a gunicorn restart or a test runner's exit never takes the sandboxes down with it.
+        subprocess.Popen(
+            [str(binary), "daemon", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if _connectable(path):
+                return path
+            time.sleep(0.002)
+    raise RuntimeUnavailable(f"sandboxd did not start; see {root / 'run' / 'sandboxd.log'}")

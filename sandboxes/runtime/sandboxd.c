@@ -1,0 +1,512 @@
+/*
+ * sandboxd: the privileged helper of e2bfacade's local runtime.
+ *
+ * Two modes, one static binary (built by sandboxes/runtime/build.py):
+ *
+ *   sandboxd daemon SOCKET
+ *       A long-lived launcher and child subreaper. Each connection carries one "create"
+ *       request; the daemon forks a handler for it, so a slow request never blocks another.
+ *       The handler enters new mount/uts/ipc/net/pid namespaces and forks the sandbox's
+ *       PID 1, which sets up the root file system and then stays in this same program as
+ *       the sandbox's reaping init (no exec, so nothing of ours is mounted into the guest).
+ *       When the handler exits, the init is re-parented to the daemon (PR_SET_CHILD_SUBREAPER),
+ *       which reaps it when the sandbox dies. Without a subreaper a killed sandbox would stay
+ *       a zombie wherever the host's PID 1 does not reap (it does not, on some VMs).
+ *
+ *   sandboxd exec INIT_PID CGROUP_PROCS[,CGROUP_PROCS...] UID GID CWD -- ARGV...
+ *       Runs ARGV inside the sandbox whose init is INIT_PID: joins its cgroups and
+ *       namespaces, drops the same capabilities as the init, and waits, exiting with the
+ *       command's status (128 + signal when killed). stdio is passed through.
+ *
+ * Create requests are NUL-separated "key=value" strings ended by an empty string:
+ *   rootfs=DIR lower=A:B upper=DIR work=DIR hostname=NAME cgroup=PROCS_FILE (repeatable)
+ *   bind=SRC:DST (read-only host bind, repeatable)
+ * The reply is one line: "OK <host pid of init>" or "ERR <step>: <reason>".
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/capability.h>
+
+#define MAX_ITEMS 64
+#define REQ_MAX 65536
+
+static char **g_argv;
+static size_t g_argv_len;
+
+/* Capabilities the guest keeps: Docker's default set minus MKNOD (no new device nodes, so
+ * no raw access to host disks). Everything else — SYS_ADMIN (mounts), SYS_PTRACE,
+ * SYS_MODULE, DAC_READ_SEARCH (open_by_handle_at escapes), NET_ADMIN, SYS_RAWIO... — is
+ * dropped from the bounding set, so not even a setuid binary in the guest regains it. */
+static const int kept_caps[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID,
+    CAP_SETUID, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SYS_CHROOT,
+    CAP_AUDIT_WRITE, CAP_SETFCAP,
+};
+
+static int drop_capabilities(void) {
+    for (int cap = 0; cap <= 63; cap++) {
+        int keep = 0;
+        for (size_t i = 0; i < sizeof(kept_caps) / sizeof(kept_caps[0]); i++)
+            if (kept_caps[i] == cap) keep = 1;
+        if (keep) continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return -1;
+    }
+    /* Also drop them from the effective/permitted/inheritable sets of this process. */
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    if (syscall(SYS_capget, &hdr, data) != 0) return -1;
+    for (int w = 0; w < 2; w++) {
+        __u32 mask = 0;
+        for (size_t i = 0; i < sizeof(kept_caps) / sizeof(kept_caps[0]); i++)
+            if (kept_caps[i] / 32 == w) mask |= 1u << (kept_caps[i] % 32);
+        data[w].effective &= mask;
+        data[w].permitted &= mask;
+        data[w].inheritable &= mask;
+    }
+    return (int)syscall(SYS_capset, &hdr, data);
+}
+
+/* ---------------------------------------------------------------- sandbox init (PID 1) */
+
+static void set_title(const char *title) {
+    /* /proc/1/cmdline would otherwise show the daemon's host socket path to the guest. */
+    memset(g_argv[0], 0, g_argv_len);
+    strncpy(g_argv[0], title, g_argv_len - 1);
+    prctl(PR_SET_NAME, title, 0, 0, 0);
+}
+
+static void __attribute__((noreturn)) init_loop(void) {
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, NULL);
+    for (;;) {
+        siginfo_t info;
+        int sig = sigwaitinfo(&all, &info);
+        if (sig == SIGCHLD) {
+            while (waitpid(-1, NULL, WNOHANG) > 0) {
+            }
+        } else if (sig == SIGTERM || sig == SIGINT) {
+            /* Leaving PID 1 ends the namespace: the kernel kills every guest process. */
+            _exit(0);
+        }
+    }
+}
+
+struct create_req {
+    const char *rootfs, *lower, *upper, *work, *hostname;
+    const char *cgroups[MAX_ITEMS];
+    int ncgroups;
+    const char *binds[MAX_ITEMS];
+    int nbinds;
+};
+
+static int report_fd = -1;
+
+static void __attribute__((noreturn)) fail(const char *step, const char *fmt, ...) {
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "ERR %s: ", step);
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (report_fd >= 0 && write(report_fd, msg, strlen(msg)) < 0) {
+    }
+    _exit(1);
+}
+
+static void mkdir_p_in(const char *path, mode_t mode) {
+    if (mkdir(path, mode) != 0 && errno != EEXIST) fail("mkdir", "%s: %s", path, strerror(errno));
+}
+
+static void mount_or_fail(const char *src, const char *dst, const char *type, unsigned long flags,
+                          const char *data) {
+    if (mount(src, dst, type, flags, data) != 0)
+        fail("mount", "%s on %s (%s): %s", src ? src : "none", dst, type ? type : "bind",
+             strerror(errno));
+}
+
+static void bind_readonly(const char *src, const char *dst, unsigned long extra) {
+    mount_or_fail(src, dst, NULL, MS_BIND | MS_REC, NULL);
+    mount_or_fail(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | extra, NULL);
+}
+
+static void make_dev(const char *name, unsigned maj, unsigned min) {
+    char path[256];
+    snprintf(path, sizeof path, "dev/%s", name);
+    if (mknod(path, S_IFCHR | 0666, makedev(maj, min)) != 0)
+        fail("mknod", "/dev/%s: %s", name, strerror(errno));
+    chmod(path, 0666); /* mknod honours the umask */
+}
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) fail("net", "socket: %s", strerror(errno));
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) fail("net", "lo flags: %s", strerror(errno));
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) fail("net", "lo up: %s", strerror(errno));
+    close(s);
+}
+
+/* Runs as PID 1 of the new pid namespace, inside the new mount namespace. */
+static void __attribute__((noreturn)) sandbox_init(struct create_req *r, int go_fd) {
+    char c;
+    if (read(go_fd, &c, 1) != 1) _exit(1); /* the handler could not place us in the cgroups */
+    close(go_fd);
+
+    /* Nothing we mount may propagate back to the host. */
+    mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    char opts[REQ_MAX];
+    snprintf(opts, sizeof opts,
+             "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,index=off,metacopy=off",
+             r->lower, r->upper, r->work);
+    mount_or_fail("overlay", r->rootfs, "overlay", 0, opts);
+    if (chdir(r->rootfs) != 0) fail("chdir", "%s: %s", r->rootfs, strerror(errno));
+
+    for (int i = 0; i < r->nbinds; i++) {
+        char spec[4096];
+        snprintf(spec, sizeof spec, "%s", r->binds[i]);
+        char *colon = strchr(spec, ':');
+        if (!colon) fail("bind", "malformed bind %s", spec);
+        *colon = 0;
+        const char *dst = colon + 1;
+        while (*dst == '/') dst++;
+        mkdir_p_in(dst, 0755);
+        bind_readonly(spec, dst, MS_NODEV);
+    }
+
+    const char *dirs[] = {"proc", "sys", "dev", "tmp", "run"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) mkdir_p_in(dirs[i], 0755);
+    chmod("tmp", 01777);
+
+    mount_or_fail("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    /* Global kernel knobs stay read-only (a writable core_pattern is a classic escape). */
+    const char *ro_proc[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"};
+    for (size_t i = 0; i < sizeof ro_proc / sizeof ro_proc[0]; i++)
+        if (access(ro_proc[i], F_OK) == 0) bind_readonly(ro_proc[i], ro_proc[i], MS_NOSUID);
+    mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+
+    mount_or_fail("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536k");
+    make_dev("null", 1, 3);
+    make_dev("zero", 1, 5);
+    make_dev("full", 1, 7);
+    make_dev("random", 1, 8);
+    make_dev("urandom", 1, 9);
+    make_dev("tty", 5, 0);
+    mkdir_p_in("dev/pts", 0755);
+    mkdir_p_in("dev/shm", 01777);
+    mount_or_fail("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                  "newinstance,ptmxmode=0666,mode=0620");
+    mount_or_fail("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=65536k");
+    if (symlink("pts/ptmx", "dev/ptmx") || symlink("/proc/self/fd", "dev/fd") ||
+        symlink("/proc/self/fd/0", "dev/stdin") || symlink("/proc/self/fd/1", "dev/stdout") ||
+        symlink("/proc/self/fd/2", "dev/stderr"))
+        fail("symlink", "/dev: %s", strerror(errno));
+    mount_or_fail("tmpfs", "run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=65536k");
+
+    /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the
+     * guest with no path back to the host's file system. */
+    if (syscall(SYS_pivot_root, ".", ".") != 0) fail("pivot_root", "%s", strerror(errno));
+    if (umount2(".", MNT_DETACH) != 0) fail("umount old root", "%s", strerror(errno));
+    if (chdir("/") != 0) fail("chdir", "/: %s", strerror(errno));
+
+    if (sethostname(r->hostname, strlen(r->hostname)) != 0)
+        fail("hostname", "%s", strerror(errno));
+    loopback_up();
+    set_title("e2b-init");
+    if (drop_capabilities() != 0) fail("capabilities", "%s", strerror(errno));
+
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull < 0) fail("open", "/dev/null: %s", strerror(errno));
+    if (write(report_fd, "OK", 2) != 2) _exit(1);
+    for (int fd = 0; fd < 3; fd++) dup2(devnull, fd);
+    closefrom(3);
+    init_loop();
+}
+
+static int parse_request(char *buf, size_t len, struct create_req *r) {
+    memset(r, 0, sizeof *r);
+    size_t off = 0;
+    while (off < len && buf[off] != 0) {
+        char *item = buf + off;
+        off += strlen(item) + 1;
+        char *eq = strchr(item, '=');
+        if (!eq) return -1;
+        *eq = 0;
+        char *v = eq + 1;
+        if (!strcmp(item, "rootfs")) r->rootfs = v;
+        else if (!strcmp(item, "lower")) r->lower = v;
+        else if (!strcmp(item, "upper")) r->upper = v;
+        else if (!strcmp(item, "work")) r->work = v;
+        else if (!strcmp(item, "hostname")) r->hostname = v;
+        else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
+        else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
+        else return -1;
+    }
+    if (off >= len) return -1; /* no terminating empty string */
+    return (r->rootfs && r->lower && r->upper && r->work && r->hostname) ? 0 : -1;
+}
+
+static void reply(int conn, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    strcat(msg, "\n");
+    if (write(conn, msg, strlen(msg)) < 0) {
+    }
+}
+
+static int write_file(const char *path, const char *value) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, value, strlen(value));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return n == (ssize_t)strlen(value) ? 0 : -1;
+}
+
+/* One create request, in a process forked from the daemon. */
+static void __attribute__((noreturn)) handle(int conn) {
+    static char buf[REQ_MAX];
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(conn, buf + len, sizeof buf - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        len += (size_t)n;
+        if (len >= 2 && buf[len - 1] == 0 && buf[len - 2] == 0) break;
+        if (len == sizeof buf) break;
+    }
+    struct create_req r;
+    if (len == 0 || parse_request(buf, len, &r) != 0) {
+        reply(conn, "ERR request: malformed");
+        _exit(1);
+    }
+    int go[2], rep[2];
+    if (pipe2(go, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0) {
+        reply(conn, "ERR pipe: %s", strerror(errno));
+        _exit(1);
+    }
+    if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0) {
+        reply(conn, "ERR namespaces: %s", strerror(errno));
+        _exit(1);
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        reply(conn, "ERR fork: %s", strerror(errno));
+        _exit(1);
+    }
+    if (child == 0) {
+        close(go[1]);
+        close(rep[0]);
+        close(conn);
+        report_fd = rep[1];
+        sandbox_init(&r, go[0]);
+    }
+    close(go[0]);
+    close(rep[1]);
+    /* Place PID 1 in the sandbox's cgroups before it does anything: every page and task it
+     * or its descendants create is then charged to the sandbox. */
+    char pidstr[32];
+    snprintf(pidstr, sizeof pidstr, "%d", child);
+    for (int i = 0; i < r.ncgroups; i++) {
+        if (write_file(r.cgroups[i], pidstr) != 0) {
+            int saved = errno;
+            kill(child, SIGKILL);
+            reply(conn, "ERR cgroup: %s: %s", r.cgroups[i], strerror(saved));
+            _exit(1);
+        }
+    }
+    if (write(go[1], "g", 1) != 1) {
+        kill(child, SIGKILL);
+        reply(conn, "ERR start: %s", strerror(errno));
+        _exit(1);
+    }
+    char status[1100] = {0};
+    ssize_t n = read(rep[0], status, sizeof status - 1);
+    if (n == 2 && !memcmp(status, "OK", 2)) {
+        reply(conn, "OK %d", child);
+        _exit(0);
+    }
+    kill(child, SIGKILL);
+    reply(conn, "%s", n > 0 ? status : "ERR init: exited before reporting");
+    _exit(1);
+}
+
+static void on_sigchld(int sig) {
+    (void)sig;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    errno = saved;
+}
+
+static int run_daemon(const char *sock_path) {
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+        perror("sandboxd: PR_SET_CHILD_SUBREAPER");
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigchld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    if (strlen(sock_path) >= sizeof addr.sun_path) {
+        fprintf(stderr, "sandboxd: socket path too long: %s\n", sock_path);
+        return 1;
+    }
+    strcpy(addr.sun_path, sock_path);
+    char tmp[sizeof addr.sun_path + 8];
+    /* Bind a temporary name and rename it into place: a client never connects to a socket
+     * that is not yet listening, and a stale socket of a dead daemon is replaced atomically. */
+    snprintf(tmp, sizeof tmp, "%s.%d", sock_path, getpid());
+    struct sockaddr_un taddr = addr;
+    if (strlen(tmp) >= sizeof taddr.sun_path) {
+        fprintf(stderr, "sandboxd: socket path too long: %s\n", tmp);
+        return 1;
+    }
+    strcpy(taddr.sun_path, tmp);
+    unlink(tmp);
+    umask(077);
+    if (bind(s, (struct sockaddr *)&taddr, sizeof taddr) != 0 || listen(s, 128) != 0 ||
+        rename(tmp, sock_path) != 0) {
+        fprintf(stderr, "sandboxd: listen on %s: %s\n", sock_path, strerror(errno));
+        return 1;
+    }
+    for (;;) {
+        int conn = accept4(s, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            if (errno == EINTR) continue;
+            perror("sandboxd: accept");
+            continue;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(s);
+            handle(conn);
+        }
+        if (pid < 0) reply(conn, "ERR fork: %s", strerror(errno));
+        close(conn);
+    }
+}
+
+/* ------------------------------------------------------------------------- exec mode */
+
+static pid_t exec_child = -1;
+
+static void forward_signal(int sig) {
+    if (exec_child > 0) kill(exec_child, sig);
+}
+
+static int run_exec(int argc, char **argv) {
+    /* argv: exec PID CGROUPS UID GID CWD -- CMD... */
+    if (argc < 9 || strcmp(argv[7], "--") != 0) {
+        fprintf(stderr, "usage: sandboxd exec PID CGROUPS UID GID CWD -- ARGV...\n");
+        return 125;
+    }
+    const char *pid = argv[2];
+    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
+    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
+    const char *cwd = argv[6];
+
+    char cg[REQ_MAX];
+    snprintf(cg, sizeof cg, "%s", argv[3]);
+    char mypid[32];
+    snprintf(mypid, sizeof mypid, "%d", getpid());
+    for (char *tok = strtok(cg, ","); tok; tok = strtok(NULL, ",")) {
+        if (write_file(tok, mypid) != 0) {
+            fprintf(stderr, "sandboxd exec: join cgroup %s: %s\n", tok, strerror(errno));
+            return 125;
+        }
+    }
+    /* Open every namespace first: once we enter the mount namespace /proc/PID is gone. */
+    const char *names[] = {"ipc", "uts", "net", "pid", "mnt"};
+    int fds[5];
+    for (int i = 0; i < 5; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, names[i]);
+        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (fds[i] < 0) {
+            fprintf(stderr, "sandboxd exec: %s: %s\n", path, strerror(errno));
+            return 125;
+        }
+    }
+    for (int i = 0; i < 5; i++) {
+        if (setns(fds[i], 0) != 0) {
+            fprintf(stderr, "sandboxd exec: setns %s: %s\n", names[i], strerror(errno));
+            return 125;
+        }
+        close(fds[i]);
+    }
+    if (drop_capabilities() != 0) {
+        fprintf(stderr, "sandboxd exec: drop capabilities: %s\n", strerror(errno));
+        return 125;
+    }
+    /* The pid namespace applies to children only: fork so the command runs inside it. */
+    pid_t child = fork();
+    if (child < 0) {
+        perror("sandboxd exec: fork");
+        return 125;
+    }
+    if (child == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+            fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
+            _exit(125);
+        }
+        if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
+        execvp(argv[8], argv + 8);
+        fprintf(stderr, "sandboxd exec: %s: %s\n", argv[8], strerror(errno));
+        _exit(127);
+    }
+    /* Forward termination to the command so a caller's timeout ends it. */
+    exec_child = child;
+    signal(SIGTERM, forward_signal);
+    signal(SIGINT, forward_signal);
+    signal(SIGHUP, forward_signal);
+    int status;
+    while (waitpid(child, &status, 0) < 0) {
+        if (errno != EINTR) return 125;
+    }
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return WEXITSTATUS(status);
+}
+
+int main(int argc, char **argv) {
+    g_argv = argv;
+    g_argv_len = 0;
+    for (int i = 0; i < argc; i++) g_argv_len += strlen(argv[i]) + 1;
+    if (argc == 3 && !strcmp(argv[1], "daemon")) return run_daemon(argv[2]);
+    if (argc >= 2 && !strcmp(argv[1], "exec")) return run_exec(argc, argv);
+    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd exec PID CGROUPS UID GID CWD -- ARGV\n");
+    return 2;
+}
