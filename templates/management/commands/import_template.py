@@ -1,0 +1,43 @@
+"""``python manage.py import_template NAME ROOTFS.tar``: a rootfs tarball becomes a template."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from e2bfacade.models import Team
+from sandboxes.runtime.base import SandboxRuntimeError
+from templates.services import TemplateExists, template_import
+
+
+class Command(BaseCommand):
+    help = "Import a root file system tarball as a template usable as templateID."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("name", help="the template's alias, e.g. python-3.12")
+        parser.add_argument("rootfs", help="path to a .tar (optionally .gz/.xz) of a root fs")
+        parser.add_argument("--team", help="make it private to this team (default: public)")
+        parser.add_argument("--cpu-count", type=int, default=2)
+        parser.add_argument("--memory-mb", type=int, default=512)
+        parser.add_argument("--disk-size-mb", type=int, default=1024)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        team = None
+        if options["team"]:
+            team = Team.objects.filter(name=options["team"]).first()
+            if team is None:
+                raise CommandError(f"no team named {options['team']!r}")
+        try:
+            template = template_import(
+                alias=options["name"],
+                tar_path=options["rootfs"],
+                team=team,
+                cpu_count=options["cpu_count"],
+                memory_mb=options["memory_mb"],
+                disk_size_mb=options["disk_size_mb"],
+            )
+        except (TemplateExists, SandboxRuntimeError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"imported {template.alias} as template {template.template_id}")

@@ -1,0 +1,72 @@
+"""Templates: the images sandboxes start from. Snapshots are templates too (E2B deletes a
+snapshot through ``DELETE /templates/{id}`` and creates sandboxes from a snapshot id)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+from django.db import models
+from django.db.models import Q
+
+ID_ALPHABET = string.ascii_lowercase + string.digits
+ENVD_VERSION = "0.2.4"
+
+
+def new_template_id() -> str:
+    # E2B's template ids are 20 characters of [a-z0-9].
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(20))
+
+
+class TemplateQuerySet(models.QuerySet["Template"]):
+    def visible_to(self, team_id: int) -> TemplateQuerySet:
+        """Public templates and the team's own."""
+        return self.filter(Q(team__isnull=True) | Q(team_id=team_id))
+
+    def resolve(self, team_id: int, ref: str) -> Template | None:
+        """A template by id or alias, as E2B's ``templateID`` accepts both. A team's own
+        alias wins over a public one of the same name."""
+        candidates = self.visible_to(team_id).filter(Q(template_id=ref) | Q(alias=ref))
+        return min(candidates, key=lambda t: (t.template_id != ref, t.team_id is None), default=None)
+
+
+class Template(models.Model):
+    class Kind(models.TextChoices):
+        TEMPLATE = "template"
+        SNAPSHOT = "snapshot"
+
+    template_id = models.CharField(max_length=64, primary_key=True, default=new_template_id)
+    # Null team: a public template every team may use (the built-in ``base``, imports).
+    team = models.ForeignKey(
+        "e2bfacade.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="templates"
+    )
+    alias = models.CharField(max_length=128, null=True, blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TEMPLATE)
+    # The runtime image this template starts from (see sandboxes.runtime).
+    image_id = models.CharField(max_length=64)
+    cpu_count = models.PositiveIntegerField(default=2)
+    memory_mb = models.PositiveIntegerField(default=512)
+    disk_size_mb = models.PositiveIntegerField(default=1024)
+    pids_max = models.PositiveIntegerField(default=1024)
+    envd_version = models.CharField(max_length=32, default=ENVD_VERSION)
+    size_bytes = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TemplateQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # An alias names one template per owner; public aliases are unique among public.
+            models.UniqueConstraint(
+                fields=["team", "alias"], name="template_team_alias_unique",
+                condition=Q(team__isnull=False) & Q(alias__isnull=False),
+            ),
+            models.UniqueConstraint(
+                fields=["alias"], name="template_public_alias_unique",
+                condition=Q(team__isnull=True) & Q(alias__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.alias or self.template_id
