@@ -1,0 +1,114 @@
+"""Sandboxes: the database is the source of truth for what a team owns and its state.
+
+State machine (transitions are serialised by a row lock; no runtime call is made while the
+lock is held — a transition is claimed in one short transaction, the runtime acts, and a
+second short transaction records the outcome)::
+
+    creating -> running <-> pausing -> paused -> resuming -> running
+    any live state -> killing -> killed
+
+On the wire only ``running`` and ``paused`` exist (the SDK crashes on anything else):
+pausing/paused report ``paused``; creating/resuming/running report ``running``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from datetime import datetime
+
+from django.db import models
+from django.db.models import Q
+
+ID_ALPHABET = string.ascii_lowercase + string.digits
+# E2B reports the client (edge node) id; this host is the one client.
+CLIENT_ID = "e2bfacade"
+
+
+def new_sandbox_id() -> str:
+    # E2B's format: "i" + 20 of [a-z0-9].
+    return "i" + "".join(secrets.choice(ID_ALPHABET) for _ in range(20))
+
+
+def new_access_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class SandboxQuerySet(models.QuerySet["Sandbox"]):
+    def of_team(self, team_id: int) -> SandboxQuerySet:
+        return self.filter(team_id=team_id)
+
+    def live(self) -> SandboxQuerySet:
+        """Visible to the API: everything that is not killed (and not still being born)."""
+        return self.exclude(state__in=[Sandbox.State.KILLED, Sandbox.State.CREATING])
+
+    def expired(self, now: datetime) -> SandboxQuerySet:
+        return self.filter(state=Sandbox.State.RUNNING, end_at__lte=now)
+
+
+class Sandbox(models.Model):
+    class State(models.TextChoices):
+        CREATING = "creating"
+        RUNNING = "running"
+        PAUSING = "pausing"
+        PAUSED = "paused"
+        RESUMING = "resuming"
+        KILLING = "killing"
+        KILLED = "killed"
+
+    class OnTimeout(models.TextChoices):
+        KILL = "kill"
+        PAUSE = "pause"
+
+    WIRE_STATE = {
+        State.CREATING: "running",
+        State.RUNNING: "running",
+        State.RESUMING: "running",
+        State.PAUSING: "paused",
+        State.PAUSED: "paused",
+        State.KILLING: "running",
+        State.KILLED: "running",
+    }
+
+    sandbox_id = models.CharField(max_length=64, primary_key=True, default=new_sandbox_id)
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="sandboxes")
+    template = models.ForeignKey(
+        "templates.Template", on_delete=models.PROTECT, related_name="sandboxes"
+    )
+    # The templateID as the caller named it (alias or id), echoed back as ``alias``.
+    alias = models.CharField(max_length=128, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.CREATING)
+    # When the current state was entered: lets the worker find transitions abandoned by a
+    # process that died mid-way.
+    state_changed_at = models.DateTimeField()
+    started_at = models.DateTimeField()
+    end_at = models.DateTimeField()
+    killed_at = models.DateTimeField(null=True, blank=True)
+    cpu_count = models.PositiveIntegerField()
+    memory_mb = models.PositiveIntegerField()
+    disk_size_mb = models.PositiveIntegerField()
+    envd_version = models.CharField(max_length=32)
+    envd_access_token = models.CharField(max_length=64, default=new_access_token)
+    metadata = models.JSONField(default=dict, blank=True)
+    env_vars = models.JSONField(default=dict, blank=True)
+    on_timeout = models.CharField(max_length=8, choices=OnTimeout.choices, default=OnTimeout.KILL)
+    auto_resume = models.BooleanField(default=False)
+    allow_internet_access = models.BooleanField(default=False)
+
+    objects = SandboxQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "state", "started_at"], name="sandbox_team_state_idx"),
+            models.Index(
+                fields=["end_at"], name="sandbox_running_end_idx", condition=Q(state="running")
+            ),
+            models.Index(fields=["state", "state_changed_at"], name="sandbox_state_changed_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.sandbox_id
+
+    @property
+    def wire_state(self) -> str:
+        return self.WIRE_STATE[self.State(self.state)]

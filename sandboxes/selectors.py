@@ -1,0 +1,130 @@
+"""Sandbox reads that are more than a filter: the paged, filtered list."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import parse_qsl
+
+from django.core import signing
+from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
+from django.utils.dateparse import parse_datetime
+
+from e2bfacade.errors import BadRequest
+from sandboxes.models import Sandbox
+
+State = Sandbox.State
+WIRE_TO_STATES = {
+    "running": [State.RUNNING, State.RESUMING],
+    "paused": [State.PAUSED, State.PAUSING],
+}
+TOKEN_SALT = "e2bfacade.sandbox-list"
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    states: tuple[str, ...] = ("running", "paused")
+    metadata: tuple[tuple[str, str], ...] = ()
+    order: str = "desc"
+    started_after: datetime | None = None
+    template: str | None = None
+    limit: int = 100
+    next_token: str | None = None
+
+
+def parse_metadata_filter(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """E2B sends the metadata filter as one parameter holding ``k=v&k2=v2``."""
+    if not raw:
+        return ()
+    try:
+        pairs = parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise BadRequest(f"metadata filter {raw!r} is not of the form key=value&key2=value2") from None
+    return tuple(pairs)
+
+
+def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery:
+    states = ("running", "paused")
+    if params.get("state"):
+        states = tuple(s.strip() for s in params["state"].split(",") if s.strip())
+        bad = [s for s in states if s not in WIRE_TO_STATES]
+        if bad:
+            raise BadRequest(f"state must be running and/or paused, got {', '.join(bad)}")
+    order = params.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise BadRequest(f"order must be asc or desc, got {order!r}")
+    started_after = None
+    if params.get("startedAfter"):
+        started_after = parse_datetime(params["startedAfter"].replace(" ", "+"))
+        if started_after is None or started_after.tzinfo is None:
+            raise BadRequest("startedAfter must be an RFC 3339 timestamp with a time zone")
+    limit = 100
+    if paged and params.get("limit") not in (None, ""):
+        try:
+            limit = int(params["limit"])
+        except ValueError:
+            raise BadRequest("limit must be an integer from 1 to 100") from None
+        if not 1 <= limit <= 100:
+            raise BadRequest("limit must be an integer from 1 to 100")
+    return ListQuery(
+        states=states,
+        metadata=parse_metadata_filter(params.get("metadata")),
+        order=order,
+        started_after=started_after,
+        template=params.get("template") or None,
+        limit=limit,
+        next_token=(params.get("nextToken") or None) if paged else None,
+    )
+
+
+def _filters_fingerprint(q: ListQuery) -> str:
+    # A token is only valid for the filters it was issued under.
+    raw = [q.states, q.metadata, q.order, q.started_after and q.started_after.isoformat(), q.template]
+    return hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:16]
+
+
+def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str | None]:
+    """One page of the team's sandboxes and the token of the next page (None when last).
+
+    Keyset paging on (startedAt, sandboxID): stable while sandboxes come and go. Tokens are
+    signed, so a forged or altered token is a 400, never a peek at other rows.
+    """
+    qs: QuerySet[Sandbox] = Sandbox.objects.of_team(team_id).filter(
+        state__in=[s for wire in query.states for s in WIRE_TO_STATES[wire]]
+    )
+    for i, (key, value) in enumerate(query.metadata):
+        qs = qs.annotate(**{f"_m{i}": KeyTextTransform(key, "metadata")}).filter(**{f"_m{i}": value})
+    if query.started_after is not None:
+        qs = qs.filter(started_at__gt=query.started_after)
+    if query.template:
+        qs = qs.filter(Q(template_id=query.template) | Q(template__alias=query.template))
+    desc = query.order == "desc"
+    if query.next_token:
+        try:
+            cursor = signing.loads(query.next_token, salt=TOKEN_SALT)
+            started_at = parse_datetime(cursor["t"])
+            last_id = str(cursor["i"])
+            valid = cursor["f"] == _filters_fingerprint(query) and started_at is not None
+        except (signing.BadSignature, KeyError, TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise BadRequest("nextToken is invalid or was issued for other filters")
+        if desc:
+            qs = qs.filter(Q(started_at__lt=started_at) | Q(started_at=started_at, sandbox_id__lt=last_id))
+        else:
+            qs = qs.filter(Q(started_at__gt=started_at) | Q(started_at=started_at, sandbox_id__gt=last_id))
+    ordering = ["-started_at", "-sandbox_id"] if desc else ["started_at", "sandbox_id"]
+    rows = list(qs.select_related("template").order_by(*ordering)[: query.limit + 1])
+    next_token = None
+    if len(rows) > query.limit:
+        rows = rows[: query.limit]
+        last = rows[-1]
+        next_token = signing.dumps(
+            {"t": last.started_at.isoformat(), "i": last.sandbox_id, "f": _filters_fingerprint(query)},
+            salt=TOKEN_SALT,
+            compress=True,
+        )
+    return rows, next_token

@@ -1,0 +1,215 @@
+"""E2B wire shapes for sandboxes: names exactly as on the wire (camelCase, and the one
+snake_case field ``allow_internet_access``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rest_framework import serializers
+
+from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField, StringMapField
+from sandboxes.models import CLIENT_ID, Sandbox
+from sandboxes.services import CreateRequest
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_REFRESH_SECONDS = 3600
+
+
+class AutoResumeSerializer(serializers.Serializer[Any]):
+    enabled = StrictBooleanField(required=False, default=False)
+
+
+class NewSandboxSerializer(serializers.Serializer[Any]):
+    """``POST /v2/sandboxes`` (and v1 with another default timeout). Unknown fields are
+    ignored, as E2B does. Fields this server cannot honour are refused by name: accepting
+    them would be a silent lie about what the sandbox does."""
+
+    default_timeout = 300
+
+    templateID = StrictCharField(max_length=128)
+    timeout = StrictIntegerField(required=False, min_value=1)
+    autoPause = StrictBooleanField(required=False, default=False)
+    autoPauseMemory = StrictBooleanField(required=False, default=True)
+    autoResume = AutoResumeSerializer(required=False, allow_null=True)
+    secure = StrictBooleanField(required=False, allow_null=True)  # accepted, no effect
+    allow_internet_access = StrictBooleanField(required=False, allow_null=True)
+    network = serializers.JSONField(required=False, allow_null=True)
+    metadata = StringMapField(
+        required=False, allow_null=True, max_entries=100, max_key=256, max_value=2048
+    )
+    envVars = StringMapField(
+        required=False, allow_null=True, max_entries=200, max_key=256, max_value=32768
+    )
+    mcp = serializers.JSONField(required=False, allow_null=True)
+    iam = serializers.JSONField(required=False, allow_null=True)
+    volumeMounts = serializers.JSONField(required=False, allow_null=True)
+
+    def validate_envVars(self, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not ENV_NAME.match(name):
+                raise serializers.ValidationError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refused = {
+            "allow_internet_access": (
+                attrs.get("allow_internet_access") is True,
+                "the local runtime gives sandboxes no network access beyond their own "
+                "loopback; omit it or send false",
+            ),
+            "network": (bool(attrs.get("network")), "network rules are not supported by this server"),
+            "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
+            "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
+            "volumeMounts": (bool(attrs.get("volumeMounts")), "volumes are not supported by this server"),
+            "autoPauseMemory": (
+                attrs.get("autoPauseMemory") is False,
+                "filesystem-only auto-pause is not supported; the local runtime pauses by "
+                "freezing, which keeps memory",
+            ),
+            "autoResume": (
+                bool((attrs.get("autoResume") or {}).get("enabled")),
+                "auto-resume on traffic is not supported: this server has no sandbox traffic proxy",
+            ),
+        }
+        errors = {name: [why] for name, (bad, why) in refused.items() if bad}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+    def to_request(self) -> CreateRequest:
+        data = self.validated_data
+        return CreateRequest(
+            template_ref=data["templateID"],
+            timeout=data.get("timeout") or self.default_timeout,
+            auto_pause=data["autoPause"],
+            metadata=data.get("metadata") or {},
+            env_vars=data.get("envVars") or {},
+        )
+
+
+class NewSandboxV1Serializer(NewSandboxSerializer):
+    default_timeout = 15
+
+
+class TimeoutBodySerializer(serializers.Serializer[Any]):
+    timeout = StrictIntegerField(min_value=1)
+
+
+class ConnectSerializer(serializers.Serializer[Any]):
+    default_timeout = 300
+
+    timeout = StrictIntegerField(required=False, min_value=1)
+    memory = StrictBooleanField(required=False, allow_null=True)
+
+    def validate_memory(self, value: bool | None) -> bool | None:
+        if value is False:
+            raise serializers.ValidationError(
+                "reboot on resume is not supported; the local runtime always restores memory"
+            )
+        return value
+
+    def timeout_or_default(self) -> int:
+        return self.validated_data.get("timeout") or self.default_timeout
+
+
+class ResumeSerializer(ConnectSerializer):
+    default_timeout = 15
+
+
+class PauseSerializer(serializers.Serializer[Any]):
+    memory = StrictBooleanField(required=False, allow_null=True)
+    requireHealthyGuest = StrictBooleanField(required=False, allow_null=True)
+
+    def validate_memory(self, value: bool | None) -> bool | None:
+        if value is False:
+            raise serializers.ValidationError(
+                "filesystem-only pause is not supported; the local runtime pauses by "
+                "freezing, which keeps memory"
+            )
+        return value
+
+
+class RefreshSerializer(serializers.Serializer[Any]):
+    duration = StrictIntegerField(required=False, min_value=0, max_value=MAX_REFRESH_SECONDS)
+
+    def duration_or_default(self) -> int:
+        # E2B: absent or under 15 s means 15 s.
+        return max(self.validated_data.get("duration") or 0, 15)
+
+
+class MetricsQuerySerializer(serializers.Serializer[Any]):
+    start = serializers.IntegerField(required=False, min_value=0)
+    end = serializers.IntegerField(required=False, min_value=0)
+
+
+# ------------------------------------------------------------------------------ output
+class SandboxSerializer(serializers.Serializer[Sandbox]):
+    """``Sandbox``: the answer to create, connect and resume."""
+
+    templateID = serializers.CharField(source="template_id")
+    sandboxID = serializers.CharField(source="sandbox_id")
+    clientID = serializers.SerializerMethodField()
+    envdVersion = serializers.CharField(source="envd_version")
+    alias = serializers.CharField()
+    envdAccessToken = serializers.CharField(source="envd_access_token")
+    trafficAccessToken = serializers.SerializerMethodField()
+    domain = serializers.SerializerMethodField()
+
+    def get_clientID(self, obj: Sandbox) -> str:
+        return CLIENT_ID
+
+    def get_trafficAccessToken(self, obj: Sandbox) -> None:
+        return None
+
+    def get_domain(self, obj: Sandbox) -> None:
+        return None
+
+
+class ListedSandboxSerializer(serializers.Serializer[Sandbox]):
+    templateID = serializers.CharField(source="template_id")
+    sandboxID = serializers.CharField(source="sandbox_id")
+    clientID = serializers.SerializerMethodField()
+    alias = serializers.CharField()
+    startedAt = serializers.DateTimeField(source="started_at")
+    endAt = serializers.DateTimeField(source="end_at")
+    cpuCount = serializers.IntegerField(source="cpu_count")
+    memoryMB = serializers.IntegerField(source="memory_mb")
+    diskSizeMB = serializers.IntegerField(source="disk_size_mb")
+    state = serializers.CharField(source="wire_state")
+    envdVersion = serializers.CharField(source="envd_version")
+    metadata = serializers.DictField(child=serializers.CharField())
+
+    def get_clientID(self, obj: Sandbox) -> str:
+        return CLIENT_ID
+
+
+class LifecycleSerializer(serializers.Serializer[Sandbox]):
+    autoResume = serializers.BooleanField(source="auto_resume")
+    onTimeout = serializers.CharField(source="on_timeout")
+
+
+class SandboxDetailSerializer(ListedSandboxSerializer):
+    envdAccessToken = serializers.CharField(source="envd_access_token")
+    domain = serializers.SerializerMethodField()
+    allowInternetAccess = serializers.BooleanField(source="allow_internet_access")
+    lifecycle = LifecycleSerializer(source="*")
+    pauseMode = serializers.SerializerMethodField()
+
+    def get_domain(self, obj: Sandbox) -> None:
+        return None
+
+    def get_pauseMode(self, obj: Sandbox) -> str:
+        return "full"  # a pause is a freeze: memory is kept
+
+
+class MetricSerializer(serializers.Serializer[dict[str, Any]]):
+    timestamp = serializers.DateTimeField()
+    timestampUnix = serializers.IntegerField()
+    cpuCount = serializers.IntegerField()
+    cpuUsedPct = serializers.FloatField()
+    memUsed = serializers.IntegerField()
+    memTotal = serializers.IntegerField()
+    memCache = serializers.IntegerField()
+    diskUsed = serializers.IntegerField()
+    diskTotal = serializers.IntegerField()

@@ -1,0 +1,18 @@
+"""Sandbox routes, at the root as E2B has them (no prefix, no trailing slash)."""
+
+from django.urls import path
+
+from sandboxes.views import SandboxViewSet as V
+
+urlpatterns = [
+    path("v2/sandboxes", V.as_view({"post": "create_v2", "get": "list_v2"})),
+    path("sandboxes", V.as_view({"post": "create_v1", "get": "list_v1"})),
+    path("sandboxes/<str:sandbox_id>", V.as_view({"get": "retrieve", "delete": "destroy"})),
+    path("v2/sandboxes/<str:sandbox_id>/connect", V.as_view({"post": "connect"})),
+    path("sandboxes/<str:sandbox_id>/connect", V.as_view({"post": "connect"})),
+    path("sandboxes/<str:sandbox_id>/resume", V.as_view({"post": "resume"})),
+    path("sandboxes/<str:sandbox_id>/pause", V.as_view({"post": "pause"})),
+    path("sandboxes/<str:sandbox_id>/timeout", V.as_view({"post": "set_timeout"})),
+    path("sandboxes/<str:sandbox_id>/refreshes", V.as_view({"post": "refresh"})),
+    path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),
+]

@@ -1,0 +1,140 @@
+"""Sandbox routes: validate, call one service, render. Retry behaviour of each route is in
+the README's retry table and on the service function it calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from e2bfacade.auth import TeamPrincipal
+from e2bfacade.errors import BadRequest
+from sandboxes import selectors, services
+from sandboxes.serializers import (
+    ConnectSerializer,
+    ListedSandboxSerializer,
+    MetricSerializer,
+    MetricsQuerySerializer,
+    NewSandboxSerializer,
+    NewSandboxV1Serializer,
+    PauseSerializer,
+    RefreshSerializer,
+    ResumeSerializer,
+    SandboxDetailSerializer,
+    SandboxSerializer,
+    TimeoutBodySerializer,
+)
+
+
+def team_of(request: Request) -> Any:
+    user = request.user
+    assert isinstance(user, TeamPrincipal)  # guaranteed by IsAuthenticated
+    return user.team
+
+
+def body(request: Request) -> dict[str, Any]:
+    """The JSON body, where an absent body counts as ``{}`` (several E2B bodies are optional)."""
+    data = request.data
+    if data is None or (hasattr(data, "__len__") and len(data) == 0):
+        return {}
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+class SandboxViewSet(viewsets.ViewSet):
+    lookup_field = "sandbox_id"
+
+    def _create(self, request: Request, serializer_class: type[NewSandboxSerializer]) -> Response:
+        serializer = serializer_class(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        sandbox = services.sandbox_create(team=team_of(request), request=serializer.to_request())
+        return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
+
+    def create_v2(self, request: Request) -> Response:
+        return self._create(request, NewSandboxSerializer)
+
+    def create_v1(self, request: Request) -> Response:
+        return self._create(request, NewSandboxV1Serializer)
+
+    def list_v2(self, request: Request) -> Response:
+        query = selectors.parse_list_query(request.query_params.dict())
+        rows, next_token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
+        headers = {"X-Next-Token": next_token} if next_token else {}
+        return Response(ListedSandboxSerializer(rows, many=True).data, headers=headers)
+
+    def list_v1(self, request: Request) -> Response:
+        params = request.query_params.dict()
+        query = selectors.parse_list_query(
+            {"metadata": params.get("metadata", ""), "state": "running"}, paged=False
+        )
+        rows: list[Any] = []
+        while True:  # v1 has no paging: walk every page
+            page, token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
+            rows += page
+            if token is None:
+                break
+            query = selectors.ListQuery(**{**query.__dict__, "next_token": token})
+        return Response(ListedSandboxSerializer(rows, many=True).data)
+
+    def retrieve(self, request: Request, sandbox_id: str) -> Response:
+        sandbox = services.sandbox_get(team=team_of(request), sandbox_id=sandbox_id)
+        return Response(SandboxDetailSerializer(sandbox).data)
+
+    def destroy(self, request: Request, sandbox_id: str) -> Response:
+        services.sandbox_kill(team=team_of(request), sandbox_id=sandbox_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def connect(self, request: Request, sandbox_id: str) -> Response:
+        serializer = ConnectSerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        sandbox, resumed = services.sandbox_connect(
+            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.timeout_or_default()
+        )
+        return Response(
+            SandboxSerializer(sandbox).data,
+            status=status.HTTP_201_CREATED if resumed else status.HTTP_200_OK,
+        )
+
+    def resume(self, request: Request, sandbox_id: str) -> Response:
+        serializer = ResumeSerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        sandbox = services.sandbox_resume(
+            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.timeout_or_default()
+        )
+        return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
+
+    def pause(self, request: Request, sandbox_id: str) -> Response:
+        PauseSerializer(data=body(request)).is_valid(raise_exception=True)
+        services.sandbox_pause(team=team_of(request), sandbox_id=sandbox_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def set_timeout(self, request: Request, sandbox_id: str) -> Response:
+        serializer = TimeoutBodySerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        services.sandbox_set_timeout(
+            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.validated_data["timeout"]
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def refresh(self, request: Request, sandbox_id: str) -> Response:
+        serializer = RefreshSerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        services.sandbox_refresh(
+            team=team_of(request), sandbox_id=sandbox_id, duration=serializer.duration_or_default()
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def metrics(self, request: Request, sandbox_id: str) -> Response:
+        query = MetricsQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        sample = services.sandbox_metrics(team=team_of(request), sandbox_id=sandbox_id)
+        # One sample, taken now: the local runtime keeps no metrics history. It is returned
+        # when "now" lies in the requested window (the SDK's default window does).
+        start = query.validated_data.get("start")
+        end = query.validated_data.get("end")
+        ts = sample["timestampUnix"]
+        in_window = (start is None or ts >= start) and (end is None or ts <= end + 1)
+        return Response(MetricSerializer([sample] if in_window else [], many=True).data)
