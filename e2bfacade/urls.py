@@ -18,4 +18,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("health", HealthView.as_view(), name="health"),
     path("", include("sandboxes.urls")),
+    path("", include("snapshots.urls")),
+    path("", include("templates.urls")),
 ]

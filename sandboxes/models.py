@@ -72,8 +72,13 @@ class Sandbox(models.Model):
 
     sandbox_id = models.CharField(max_length=64, primary_key=True, default=new_sandbox_id)
     team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="sandboxes")
+    # No database constraint: a template may be deleted once no live sandbox uses it
+    # (checked by template_delete), while killed sandboxes keep naming it for the record.
     template = models.ForeignKey(
-        "templates.Template", on_delete=models.PROTECT, related_name="sandboxes"
+        "templates.Template",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="sandboxes",
     )
     # The templateID as the caller named it (alias or id), echoed back as ``alias``.
     alias = models.CharField(max_length=128, blank=True)

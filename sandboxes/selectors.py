@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import parse_qsl
 
-from django.core import signing
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.utils.dateparse import parse_datetime
 
 from e2bfacade.errors import BadRequest
+from e2bfacade.paging import make_token, read_token
 from sandboxes.models import Sandbox
 
 State = Sandbox.State
@@ -80,12 +78,6 @@ def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery
     )
 
 
-def _filters_fingerprint(q: ListQuery) -> str:
-    # A token is only valid for the filters it was issued under.
-    raw = [q.states, q.metadata, q.order, q.started_after and q.started_after.isoformat(), q.template]
-    return hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:16]
-
-
 def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str | None]:
     """One page of the team's sandboxes and the token of the next page (None when last).
 
@@ -102,16 +94,9 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
     if query.template:
         qs = qs.filter(Q(template_id=query.template) | Q(template__alias=query.template))
     desc = query.order == "desc"
+    filters = [query.states, query.metadata, query.order, query.started_after, query.template]
     if query.next_token:
-        try:
-            cursor = signing.loads(query.next_token, salt=TOKEN_SALT)
-            started_at = parse_datetime(cursor["t"])
-            last_id = str(cursor["i"])
-            valid = cursor["f"] == _filters_fingerprint(query) and started_at is not None
-        except (signing.BadSignature, KeyError, TypeError, ValueError):
-            valid = False
-        if not valid:
-            raise BadRequest("nextToken is invalid or was issued for other filters")
+        started_at, last_id = read_token(query.next_token, salt=TOKEN_SALT, filters=filters)
         if desc:
             qs = qs.filter(Q(started_at__lt=started_at) | Q(started_at=started_at, sandbox_id__lt=last_id))
         else:
@@ -121,10 +106,7 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
     next_token = None
     if len(rows) > query.limit:
         rows = rows[: query.limit]
-        last = rows[-1]
-        next_token = signing.dumps(
-            {"t": last.started_at.isoformat(), "i": last.sandbox_id, "f": _filters_fingerprint(query)},
-            salt=TOKEN_SALT,
-            compress=True,
+        next_token = make_token(
+            salt=TOKEN_SALT, at=rows[-1].started_at, pk=rows[-1].sandbox_id, filters=filters
         )
     return rows, next_token

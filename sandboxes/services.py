@@ -82,10 +82,14 @@ def sandbox_reserve(*, team: Team, request: CreateRequest, sandbox_id: str | Non
     """Insert the sandbox row in state ``creating``: the intent is durable before anything
     is allocated. Deterministic refusals (unknown template, timeout too long) are raised
     here, before any row exists. Joins the caller's transaction if there is one."""
+    check_timeout(request.timeout)
     template = Template.objects.resolve(team.pk, request.template_ref)
+    if template is not None:
+        # Lock the template row until our sandbox row is committed: template_delete takes
+        # the same lock, so it either sees this sandbox or runs before we resolve.
+        template = Template.objects.select_for_update().filter(pk=template.pk).first()
     if template is None:
         raise NotFound(f"template '{request.template_ref}' not found")
-    check_timeout(request.timeout)
     now = timezone.now()
     return Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),

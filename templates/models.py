@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import string
+import uuid
 
 from django.db import models
 from django.db.models import Q
@@ -34,6 +35,8 @@ class Template(models.Model):
     class Kind(models.TextChoices):
         TEMPLATE = "template"
         SNAPSHOT = "snapshot"
+        # The hidden image a fork starts from; removed by the worker once no fork uses it.
+        FORK = "fork"
 
     template_id = models.CharField(max_length=64, primary_key=True, default=new_template_id)
     # Null team: a public template every team may use (the built-in ``base``, imports).
@@ -50,6 +53,8 @@ class Template(models.Model):
     pids_max = models.PositiveIntegerField(default=1024)
     envd_version = models.CharField(max_length=32, default=ENVD_VERSION)
     size_bytes = models.BigIntegerField(default=0)
+    # Snapshots and forks: the sandbox they were taken from.
+    source_sandbox_id = models.CharField(max_length=64, null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -70,3 +75,12 @@ class Template(models.Model):
 
     def __str__(self) -> str:
         return self.alias or self.template_id
+
+    @property
+    def build_id(self) -> str:
+        # One immutable build per template: a stable UUID derived from the id.
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"e2bfacade:template:{self.template_id}"))
+
+    @property
+    def names(self) -> list[str]:
+        return [self.alias] if self.alias else []

@@ -1,13 +1,23 @@
-"""Template writes: import a rootfs tarball as a template."""
+"""Template writes: import a rootfs tarball, delete a template or snapshot, sweep images."""
 
 from __future__ import annotations
 
+import logging
+
 from django.db import IntegrityError, transaction
 
+from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
 from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import check_id
+from sandboxes.runtime.base import ImageInUse, check_id
+from sandboxes.runtime.local import BASE_IMAGE
 from templates.models import Template, new_template_id
+
+logger = logging.getLogger(__name__)
+
+
+class Forbidden(ApiError):
+    status = 403
 
 
 class TemplateExists(Exception):
@@ -52,3 +62,62 @@ def template_import(
     except BaseException:
         runtime.delete_image(template_id)
         raise
+
+
+def template_resolve_owned(*, team: Team, ref: str) -> Template:
+    """A template the team may delete: its own, by id or alias. Public ones are refused."""
+    template = Template.objects.resolve(team.pk, ref)
+    if template is None or template.kind == Template.Kind.FORK:
+        raise NotFound(f"template '{ref}' not found")
+    if template.team_id is None:
+        raise Forbidden(f"template '{ref}' is public and cannot be deleted through the API")
+    return template
+
+
+def template_delete(*, team: Team, ref: str) -> None:
+    """Delete a template or snapshot and its runtime image. 204 once, then 404; 400 while a
+    sandbox still uses it. Concurrent deletes converge: the row lock admits one, the
+    runtime's delete is idempotent, and the other finds no row (404)."""
+    with transaction.atomic():
+        # Lock first so no create can reserve a sandbox on it while we check and delete.
+        template = template_resolve_owned(team=team, ref=ref)
+        template = Template.objects.select_for_update().get(pk=template.pk)
+        users = template.sandboxes.exclude(state="killed").count()
+        if users:
+            raise BadRequest(
+                f"template '{ref}' is still used by {users} sandbox(es); kill them first"
+            )
+        template.delete()
+    _delete_image(template.image_id)
+
+
+def _delete_image(image_id: str) -> None:
+    try:
+        get_runtime().delete_image(image_id)
+    except ImageInUse as exc:
+        # Another image is layered on it (a snapshot of a sandbox started from this one).
+        # The row is gone, so the worker's image sweep removes it once that one goes.
+        logger.info("image %s kept for now: %s", image_id, exc.message)
+
+
+def template_sweep_images() -> list[str]:
+    """Delete runtime images no template row names (left by a delete that found the image
+    still layered under another), and fork templates no live sandbox uses any more."""
+    removed = []
+    for template in Template.objects.filter(kind=Template.Kind.FORK):
+        with transaction.atomic():
+            locked = Template.objects.select_for_update(skip_locked=True).filter(pk=template.pk).first()
+            if locked is None or locked.sandboxes.exclude(state="killed").exists():
+                continue
+            locked.delete()
+    runtime = get_runtime()
+    known = set(Template.objects.values_list("image_id", flat=True))
+    for image_id in runtime.list_images():
+        if image_id in known or image_id == BASE_IMAGE:
+            continue
+        try:
+            if runtime.delete_image(image_id):
+                removed.append(image_id)
+        except ImageInUse:
+            continue
+    return removed

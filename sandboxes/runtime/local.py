@@ -266,6 +266,12 @@ class LocalRuntime:
             shutil.rmtree(tomb)
             return True
 
+    def list_images(self) -> list[str]:
+        return sorted(
+            p.name for p in (self.root / "images").iterdir()
+            if not p.name.startswith(".") and (p / "image.json").exists()
+        )
+
     def _read_image_safe(self, image_id: str) -> dict[str, object]:
         try:
             return self._read_image(image_id)

@@ -1,0 +1,83 @@
+"""``python manage.py run_worker``: the lifecycle worker.
+
+Each tick it (1) applies the timeout action of sandboxes past ``endAt`` (kill, or pause when
+``autoPause`` was set), (2) finishes transitions abandoned by a process that died mid-way,
+(3) reconciles the database with the runtime, (4) sweeps unused images. Several workers may
+run at once: every step claims its rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` or a
+fenced update, so no sandbox is acted on twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from argparse import ArgumentParser
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+from django.utils import timezone
+
+from sandboxes import services
+from sandboxes.models import Sandbox
+from templates.services import template_sweep_images
+
+logger = logging.getLogger("e2bfacade.worker")
+
+
+class Command(BaseCommand):
+    help = "Run the lifecycle worker: timeouts, abandoned transitions, reconciliation."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+        parser.add_argument("--once", action="store_true", help="run one full tick and exit")
+        parser.add_argument(
+            "--stale-after", type=float, default=30.0,
+            help="seconds after which a transitional state counts as abandoned",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.stopping = False
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            # Finish the tick in progress, then exit: a half-applied step is never left.
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        interval: float = options["interval"]
+        stale_after = timedelta(seconds=options["stale_after"])
+        tick = 0
+        while not self.stopping:
+            started = time.monotonic()
+            close_old_connections()  # survive a database restart between ticks
+            try:
+                self.tick(tick, stale_after, full=options["once"])
+            except Exception:
+                logger.exception("worker tick failed; retrying next tick")
+            if options["once"]:
+                return
+            tick += 1
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        self.stdout.write("worker stopped")
+
+    def tick(self, n: int, stale_after: timedelta, *, full: bool) -> None:
+        now = timezone.now()
+        for sandbox_id in list(Sandbox.objects.expired(now).values_list("pk", flat=True)[:200]):
+            action = services.sandbox_expire(sandbox_id=sandbox_id)
+            if action:
+                logger.info("sandbox %s timed out: %s", sandbox_id, action)
+        if full or n % 5 == 0:
+            for sandbox_id in services.sandbox_recover_stale(older_than=now - stale_after):
+                logger.info("sandbox %s: finished an abandoned transition", sandbox_id)
+        if full or n % 10 == 0:
+            result = services.sandbox_reconcile()
+            for kind, ids in result.items():
+                for sandbox_id in ids:
+                    logger.info("reconcile: sandbox %s %s", sandbox_id, kind)
+        if full or n % 60 == 0:
+            for image_id in template_sweep_images():
+                logger.info("removed unused image %s", image_id)

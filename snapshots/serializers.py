@@ -1,0 +1,49 @@
+"""Snapshot wire shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from templates.models import Template
+
+
+class SnapshotRequestSerializer(serializers.Serializer[Any]):
+    name = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=128)
+    memory = StrictBooleanField(required=False, allow_null=True)
+
+    def validate_name(self, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.isascii() or not all(c.isalnum() or c in "-_.:/" for c in value):
+            raise serializers.ValidationError(
+                "use letters, digits, '-', '_', '.', ':' and '/' only"
+            )
+        return value
+
+    def validate_memory(self, value: bool | None) -> bool | None:
+        if value is True:
+            raise serializers.ValidationError(
+                "memory snapshots are not supported: the local runtime captures files only "
+                "(process checkpointing does not work on this kernel); omit it or send false"
+            )
+        return value
+
+
+class SnapshotInfoSerializer(serializers.Serializer[Template]):
+    snapshotID = serializers.CharField(source="template_id")
+    names = serializers.ListField(child=serializers.CharField())
+
+
+class SnapshotListQuerySerializer(serializers.Serializer[Any]):
+    sandboxID = serializers.CharField(required=False, max_length=64)
+    name = serializers.CharField(required=False, max_length=128)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=100)
+    nextToken = serializers.CharField(required=False, max_length=1024)
+
+
+class ForkRequestSerializer(serializers.Serializer[Any]):
+    timeout = StrictIntegerField(required=False, min_value=1, default=15)
+    count = StrictIntegerField(required=False, min_value=1, max_value=20, default=1)

@@ -1,0 +1,83 @@
+"""Snapshots: a sandbox's files captured as a template (E2B snapshots are templates: they
+are deleted through ``DELETE /templates/{id}`` and used as ``templateID``).
+
+The local runtime captures the file system only: processes are not checkpointed (CRIU does
+not work on these kernels), so a sandbox started from a snapshot boots fresh processes.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from e2bfacade.errors import ApiError, Conflict
+from e2bfacade.models import Team
+from sandboxes.models import Sandbox
+from sandboxes.runtime import get_runtime
+from sandboxes.runtime.base import RuntimeConflict, RuntimeUnavailable, SandboxNotFound
+from sandboxes.services import CreateRequest, check_timeout, not_found, runtime_error, sandbox_create, sandbox_get
+from templates.models import Template, new_template_id
+
+State = Sandbox.State
+
+
+def snapshot_create(
+    *, team: Team, sandbox_id: str, name: str | None, kind: str = Template.Kind.SNAPSHOT,
+    snapshot_id: str | None = None,
+) -> Template:
+    """Capture the sandbox's files as a new template. The source keeps running (it is
+    frozen for the milliseconds the archive takes). Without an idempotency key every call
+    is a new snapshot (E2B semantics); ``snapshot_id`` lets a keyed retry re-drive the same
+    one: the runtime's snapshot is idempotent by that id."""
+    sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
+    if sandbox.state not in (State.RUNNING, State.PAUSED):
+        raise Conflict(f"sandbox {sandbox_id} is {sandbox.state}; try again shortly")
+    if name and Template.objects.filter(team=team, alias=name).exists():
+        # A friendly early answer; the unique constraint below is what guarantees it.
+        raise Conflict(f"a template or snapshot named '{name}' already exists")
+    snapshot_id = snapshot_id or new_template_id()
+    runtime = get_runtime()
+    try:
+        image = runtime.snapshot(sandbox.sandbox_id, snapshot_id)
+    except SandboxNotFound as exc:
+        raise not_found(sandbox_id) from exc
+    except (RuntimeConflict, RuntimeUnavailable, OSError) as exc:
+        raise runtime_error(exc) from exc
+    try:
+        with transaction.atomic():
+            template, _ = Template.objects.get_or_create(
+                template_id=snapshot_id,
+                defaults={
+                    "team": team,
+                    "alias": name or None,
+                    "kind": kind,
+                    "image_id": image.image_id,
+                    "cpu_count": sandbox.cpu_count,
+                    "memory_mb": sandbox.memory_mb,
+                    "disk_size_mb": sandbox.disk_size_mb,
+                    "pids_max": sandbox.template.pids_max,
+                    "envd_version": sandbox.envd_version,
+                    "size_bytes": image.size_bytes,
+                    "source_sandbox_id": sandbox.sandbox_id,
+                },
+            )
+    except IntegrityError:
+        runtime.delete_image(image.image_id)  # nothing half-made survives a lost race
+        raise Conflict(f"a template or snapshot named '{name}' already exists") from None
+    return template
+
+
+def sandbox_fork(*, team: Team, sandbox_id: str, timeout: int, count: int) -> list[dict[str, object]]:
+    """Start ``count`` sandboxes from the source's current files. Returns one entry per
+    fork, ``{"sandbox": Sandbox}`` or ``{"error": {code, message}}``, as E2B does: one
+    fork failing does not fail the others."""
+    check_timeout(timeout)  # refuse before snapshotting anything
+    image = snapshot_create(team=team, sandbox_id=sandbox_id, name=None, kind=Template.Kind.FORK)
+    results: list[dict[str, object]] = []
+    for _ in range(count):
+        try:
+            results.append({"sandbox": sandbox_create(
+                team=team, request=CreateRequest(template_ref=image.template_id, timeout=timeout)
+            )})
+        except ApiError as exc:
+            results.append({"error": {"code": exc.status, "message": exc.message}})
+    return results

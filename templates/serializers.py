@@ -1,0 +1,59 @@
+"""Template wire shapes (``Template``, ``TemplateWithBuilds``, ``TemplateAliasResponse``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from templates.models import Template
+
+
+class TemplateSerializer(serializers.Serializer[Template]):
+    templateID = serializers.CharField(source="template_id")
+    buildID = serializers.CharField(source="build_id")
+    cpuCount = serializers.IntegerField(source="cpu_count")
+    memoryMB = serializers.IntegerField(source="memory_mb")
+    diskSizeMB = serializers.IntegerField(source="disk_size_mb")
+    public = serializers.SerializerMethodField()
+    aliases = serializers.ListField(source="names", child=serializers.CharField())
+    names = serializers.ListField(child=serializers.CharField())
+    createdAt = serializers.DateTimeField(source="created_at")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+    createdBy = serializers.SerializerMethodField()
+    lastSpawnedAt = serializers.DateTimeField(source="last_spawned_at", allow_null=True)
+    spawnCount = serializers.IntegerField(source="spawn_count")
+    buildCount = serializers.SerializerMethodField()
+    envdVersion = serializers.CharField(source="envd_version")
+    buildStatus = serializers.SerializerMethodField()
+
+    def get_public(self, obj: Template) -> bool:
+        return obj.team_id is None
+
+    def get_createdBy(self, obj: Template) -> None:
+        return None
+
+    def get_buildCount(self, obj: Template) -> int:
+        return 1
+
+    def get_buildStatus(self, obj: Template) -> str:
+        return "ready"  # a template exists only once its image is complete
+
+
+class TemplateWithBuildsSerializer(TemplateSerializer):
+    builds = serializers.SerializerMethodField()
+
+    def get_builds(self, obj: Template) -> list[dict[str, Any]]:
+        return [
+            {
+                "buildID": obj.build_id,
+                "status": "ready",
+                "createdAt": serializers.DateTimeField().to_representation(obj.created_at),
+                "updatedAt": serializers.DateTimeField().to_representation(obj.updated_at),
+                "finishedAt": serializers.DateTimeField().to_representation(obj.created_at),
+                "cpuCount": obj.cpu_count,
+                "memoryMB": obj.memory_mb,
+                "diskSizeMB": obj.disk_size_mb,
+                "envdVersion": obj.envd_version,
+            }
+        ]
