@@ -59,6 +59,12 @@ class ServiceUnavailable(ApiError):
     status = 503
 
 
+class NothingAllocated(ServiceUnavailable):
+    """A failure that provably allocated nothing (the runtime refused before creating, and
+    whatever it had made was rolled back). Idempotency releases the key on it, so the same
+    key may simply try again."""
+
+
 def error_body(status: int, message: str, error_code: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": status, "message": message}
     if error_code:

@@ -145,6 +145,12 @@ SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 
 # --- idempotency -----------------------------------------------------------------------
 IDEMPOTENCY_TTL_SECONDS = _positive_int("IDEMPOTENCY_TTL_SECONDS", 86400)
 IDEMPOTENCY_LEASE_SECONDS = _positive_int("IDEMPOTENCY_LEASE_SECONDS", 30)
+# How long a request that finds its key in progress waits for the original to finish before
+# answering 409 idempotency_in_progress (E2B answers at once; waiting lets retries converge).
+IDEMPOTENCY_WAIT_SECONDS = env.float("IDEMPOTENCY_WAIT_SECONDS", default=5.0)
+# Takeovers allowed before a key whose every attempt died answers 422 outcome unknown.
+IDEMPOTENCY_MAX_ATTEMPTS = _positive_int("IDEMPOTENCY_MAX_ATTEMPTS", 5)
+IDEMPOTENCY_ENCRYPTION_KEYS = env.list("IDEMPOTENCY_ENCRYPTION_KEYS", default=[])
 
 LOGGING = {
     "version": 1,

@@ -25,10 +25,8 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
     ignored, as E2B does. Fields this server cannot honour are refused by name: accepting
     them would be a silent lie about what the sandbox does."""
 
-    default_timeout = 300
-
     templateID = StrictCharField(max_length=128)
-    timeout = StrictIntegerField(required=False, min_value=1)
+    timeout = StrictIntegerField(required=False, min_value=1, default=300)
     autoPause = StrictBooleanField(required=False, default=False)
     autoPauseMemory = StrictBooleanField(required=False, default=True)
     autoResume = AutoResumeSerializer(required=False, allow_null=True)
@@ -77,19 +75,31 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(errors)
         return attrs
 
-    def to_request(self) -> CreateRequest:
-        data = self.validated_data
-        return CreateRequest(
-            template_ref=data["templateID"],
-            timeout=data.get("timeout") or self.default_timeout,
-            auto_pause=data["autoPause"],
-            metadata=data.get("metadata") or {},
-            env_vars=data.get("envVars") or {},
-        )
+    def canonical(self) -> dict[str, Any]:
+        """The body as idempotency fingerprints and stores it: validated, scalar defaults
+        applied, nulls and unknown fields dropped; an absent object stays absent."""
+        return _json_safe({k: v for k, v in self.validated_data.items() if v is not None})
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def create_request_from(body: dict[str, Any]) -> CreateRequest:
+    """A CreateRequest from a canonical create body (see NewSandboxSerializer.canonical)."""
+    return CreateRequest(
+        template_ref=body["templateID"],
+        timeout=body["timeout"],
+        auto_pause=body["autoPause"],
+        metadata=body.get("metadata") or {},
+        env_vars=body.get("envVars") or {},
+    )
 
 
 class NewSandboxV1Serializer(NewSandboxSerializer):
-    default_timeout = 15
+    timeout = StrictIntegerField(required=False, min_value=1, default=15)
 
 
 class TimeoutBodySerializer(serializers.Serializer[Any]):

@@ -18,8 +18,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.errors import ApiError, BadRequest, Conflict, NotFound, ServiceUnavailable
+from e2bfacade.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    NotFound,
+    NothingAllocated,
+    ServiceUnavailable,
+)
 from e2bfacade.models import Team
+from idempotency.failpoints import failpoint
+from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.runtime import get_runtime
 from sandboxes.runtime.base import (
@@ -133,13 +142,15 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
             )
         )
     except (CreateRefused, ImageNotFound, RuntimeUnavailable) as exc:
+        # The runtime rolled back whatever it made: nothing is allocated, so the row goes
+        # too and an idempotency key used for this request is released.
         Sandbox.objects.filter(pk=sandbox.pk, state=State.CREATING).delete()
         if isinstance(exc, ImageNotFound):
-            raise ServiceUnavailable(
-                f"template '{template}' has no runtime image on this host: {exc.message}",
-                headers={"Should-Retry": "false"},
-            ) from exc
-        raise runtime_error(exc) from exc
+            message = f"template '{template}' has no runtime image on this host: {exc.message}"
+            raise NothingAllocated(message, headers={"Should-Retry": "false"}) from exc
+        error = runtime_error(exc)
+        raise NothingAllocated(error.message, headers=error.headers) from exc
+    failpoint("after_runtime_create")
     now = timezone.now()
     with transaction.atomic():
         row = Sandbox.objects.select_for_update().get(pk=sandbox.pk)
@@ -159,10 +170,18 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
     return row  # another driver of the same id finished first
 
 
-def sandbox_create(*, team: Team, request: CreateRequest) -> Sandbox:
-    with transaction.atomic():
-        sandbox = sandbox_reserve(team=team, request=request)
-    return sandbox_start(sandbox=sandbox)
+def sandbox_create(*, team: Team, request: CreateRequest, sandbox_id: str | None = None) -> Sandbox:
+    """Create the sandbox ``sandbox_id`` (a new id when None), or adopt it if a previous
+    attempt got any part of the way: safe to re-drive with the same id after a crash."""
+    sandbox = None
+    if sandbox_id is not None:
+        sandbox = Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
+    if sandbox is None:
+        with transaction.atomic():
+            sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
+    if sandbox.state == State.CREATING:
+        return sandbox_start(sandbox=sandbox)
+    return sandbox
 
 
 # ------------------------------------------------------------------------------ lookups
@@ -430,6 +449,10 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
         if claimed == State.KILLING:
             _kill_runtime(row)
         elif claimed == State.CREATING:
+            if IdempotencyRecord.objects.filter(
+                resource_id=row.sandbox_id, state=IdempotencyRecord.State.IN_PROGRESS
+            ).exists():
+                continue  # a keyed create: idempotency's drive_abandoned re-drives it
             # Its creator died before answering, so nobody was handed this sandbox: make
             # sure none runs and drop the row.
             runtime.kill(row.sandbox_id)

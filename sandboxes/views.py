@@ -11,7 +11,8 @@ from rest_framework.response import Response
 
 from e2bfacade.auth import TeamPrincipal
 from e2bfacade.errors import BadRequest
-from sandboxes import selectors, services
+from idempotency import services as idempotency
+from sandboxes import idempotent, selectors, services
 from sandboxes.serializers import (
     ConnectSerializer,
     ListedSandboxSerializer,
@@ -47,17 +48,18 @@ def body(request: Request) -> dict[str, Any]:
 class SandboxViewSet(viewsets.ViewSet):
     lookup_field = "sandbox_id"
 
-    def _create(self, request: Request, serializer_class: type[NewSandboxSerializer]) -> Response:
+    def _create(self, request: Request, serializer_class: type[NewSandboxSerializer], route: str) -> Any:
         serializer = serializer_class(data=body(request))
         serializer.is_valid(raise_exception=True)
-        sandbox = services.sandbox_create(team=team_of(request), request=serializer.to_request())
-        return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
+        return idempotency.run(
+            request, team=team_of(request), route=route, params={}, body=serializer.canonical()
+        )
 
-    def create_v2(self, request: Request) -> Response:
-        return self._create(request, NewSandboxSerializer)
+    def create_v2(self, request: Request) -> Any:
+        return self._create(request, NewSandboxSerializer, idempotent.CREATE_V2)
 
-    def create_v1(self, request: Request) -> Response:
-        return self._create(request, NewSandboxV1Serializer)
+    def create_v1(self, request: Request) -> Any:
+        return self._create(request, NewSandboxV1Serializer, idempotent.CREATE_V1)
 
     def list_v2(self, request: Request) -> Response:
         query = selectors.parse_list_query(request.query_params.dict())

@@ -7,6 +7,8 @@ not work on these kernels), so a sandbox started from a snapshot boots fresh pro
 
 from __future__ import annotations
 
+import hashlib
+
 from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, Conflict
@@ -15,7 +17,7 @@ from sandboxes.models import Sandbox
 from sandboxes.runtime import get_runtime
 from sandboxes.runtime.base import RuntimeConflict, RuntimeUnavailable, SandboxNotFound
 from sandboxes.services import CreateRequest, check_timeout, not_found, runtime_error, sandbox_create, sandbox_get
-from templates.models import Template, new_template_id
+from templates.models import ID_ALPHABET, Template, new_template_id
 
 State = Sandbox.State
 
@@ -28,6 +30,10 @@ def snapshot_create(
     frozen for the milliseconds the archive takes). Without an idempotency key every call
     is a new snapshot (E2B semantics); ``snapshot_id`` lets a keyed retry re-drive the same
     one: the runtime's snapshot is idempotent by that id."""
+    if snapshot_id is not None:
+        done = Template.objects.filter(pk=snapshot_id, team=team).first()
+        if done is not None:
+            return done  # a re-drive of a snapshot that was already recorded
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f"sandbox {sandbox_id} is {sandbox.state}; try again shortly")
@@ -66,18 +72,35 @@ def snapshot_create(
     return template
 
 
-def sandbox_fork(*, team: Team, sandbox_id: str, timeout: int, count: int) -> list[dict[str, object]]:
+def fork_sandbox_id(fork_id: str, index: int) -> str:
+    """The id of fork ``index`` of fork set ``fork_id``: derived, so a re-driven fork
+    request adopts the sandboxes a crashed attempt started instead of starting more."""
+    digest = int.from_bytes(hashlib.sha256(f"{fork_id}:{index}".encode()).digest()[:16], "big")
+    chars = []
+    for _ in range(20):
+        digest, r = divmod(digest, 36)
+        chars.append(ID_ALPHABET[r])
+    return "i" + "".join(chars)
+
+
+def sandbox_fork(
+    *, team: Team, sandbox_id: str, timeout: int, count: int, fork_id: str | None = None
+) -> list[dict[str, object]]:
     """Start ``count`` sandboxes from the source's current files. Returns one entry per
     fork, ``{"sandbox": Sandbox}`` or ``{"error": {code, message}}``, as E2B does: one
-    fork failing does not fail the others."""
+    fork failing does not fail the others. Idempotent by ``fork_id``."""
     check_timeout(timeout)  # refuse before snapshotting anything
-    image = snapshot_create(team=team, sandbox_id=sandbox_id, name=None, kind=Template.Kind.FORK)
+    image = snapshot_create(
+        team=team, sandbox_id=sandbox_id, name=None, kind=Template.Kind.FORK, snapshot_id=fork_id
+    )
+    request = CreateRequest(template_ref=image.template_id, timeout=timeout)
     results: list[dict[str, object]] = []
-    for _ in range(count):
+    for index in range(count):
         try:
-            results.append({"sandbox": sandbox_create(
-                team=team, request=CreateRequest(template_ref=image.template_id, timeout=timeout)
-            )})
+            sandbox = sandbox_create(
+                team=team, request=request, sandbox_id=fork_sandbox_id(image.template_id, index)
+            )
+            results.append({"sandbox": sandbox})
         except ApiError as exc:
             results.append({"error": {"code": exc.status, "message": exc.message}})
     return results

@@ -3,13 +3,16 @@ sandboxes/urls.py); this app serves the list."""
 
 from __future__ import annotations
 
-from rest_framework import status, viewsets
+from typing import Any
+
+from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from idempotency import services as idempotency
+from sandboxes import idempotent
 from sandboxes.views import body, team_of
-from sandboxes.serializers import SandboxSerializer
-from snapshots import selectors, services
+from snapshots import selectors
 from snapshots.serializers import (
     ForkRequestSerializer,
     SnapshotInfoSerializer,
@@ -19,13 +22,14 @@ from snapshots.serializers import (
 
 
 class SnapshotViewSet(viewsets.ViewSet):
-    def create(self, request: Request, sandbox_id: str) -> Response:
+    def create(self, request: Request, sandbox_id: str) -> Any:
         serializer = SnapshotRequestSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
-        snapshot = services.snapshot_create(
-            team=team_of(request), sandbox_id=sandbox_id, name=serializer.validated_data.get("name")
+        canonical = {"name": serializer.validated_data.get("name")}
+        return idempotency.run(
+            request, team=team_of(request), route=idempotent.SNAPSHOT,
+            params={"sandbox_id": sandbox_id}, body=canonical,
         )
-        return Response(SnapshotInfoSerializer(snapshot).data, status=status.HTTP_201_CREATED)
 
     def list(self, request: Request) -> Response:
         query = SnapshotListQuerySerializer(data=request.query_params.dict())
@@ -41,16 +45,10 @@ class SnapshotViewSet(viewsets.ViewSet):
         headers = {"X-Next-Token": token} if token else {}
         return Response(SnapshotInfoSerializer(rows, many=True).data, headers=headers)
 
-    def fork(self, request: Request, sandbox_id: str) -> Response:
+    def fork(self, request: Request, sandbox_id: str) -> Any:
         serializer = ForkRequestSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
-        results = services.sandbox_fork(
-            team=team_of(request),
-            sandbox_id=sandbox_id,
-            timeout=serializer.validated_data["timeout"],
-            count=serializer.validated_data["count"],
+        return idempotency.run(
+            request, team=team_of(request), route=idempotent.FORK,
+            params={"sandbox_id": sandbox_id}, body=dict(serializer.validated_data),
         )
-        rendered = [
-            {"sandbox": SandboxSerializer(r["sandbox"]).data} if "sandbox" in r else r for r in results
-        ]
-        return Response(rendered, status=status.HTTP_201_CREATED)

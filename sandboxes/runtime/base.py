@@ -120,6 +120,7 @@ class ImageInfo:
     parent: str | None
     size_bytes: int
     host_binds: tuple[str, ...] = field(default_factory=tuple)
+    created_at: float = 0.0
 
 
 class Runtime(Protocol):

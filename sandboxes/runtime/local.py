@@ -147,6 +147,7 @@ class LocalRuntime:
             parent=meta.get("parent"),  # type: ignore[arg-type]
             size_bytes=int(meta.get("size", 0)),  # type: ignore[call-overload]
             host_binds=tuple(meta.get("host_binds", ())),  # type: ignore[call-overload]
+            created_at=float(meta.get("created", 0)),  # type: ignore[arg-type]
         )
 
     def _chain(self, image_id: str) -> list[ImageInfo]:
@@ -171,6 +172,7 @@ class LocalRuntime:
             try:
                 meta = build_fn(tmp)  # type: ignore[operator]
                 meta["size"] = layers.tree_size(tmp / "rootfs")
+                meta["created"] = time.time()
                 (tmp / "image.json").write_text(json.dumps(meta))
                 shutil.rmtree(final, ignore_errors=True)
                 os.rename(tmp, final)

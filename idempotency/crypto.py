@@ -1,0 +1,54 @@
+"""Encryption at rest for stored requests and responses (Fernet, with rotation).
+
+``IDEMPOTENCY_ENCRYPTION_KEYS`` is a comma-separated list of Fernet keys, newest first:
+new data is encrypted with the first, and any listed key decrypts. To rotate, put a new key
+first, run ``manage.py rotate_idempotency_keys``, then drop the old key. Unset, one key is
+derived from SECRET_KEY (fine for a local run; set real keys in production).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+@functools.cache
+def _fernet(keys: tuple[str, ...], secret: str) -> MultiFernet:
+    if not keys:
+        derived = hashlib.sha256(b"e2bfacade.idempotency:" + secret.encode()).digest()
+        keys = (base64.urlsafe_b64encode(derived).decode(),)
+    try:
+        return MultiFernet([Fernet(k) for k in keys])
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(
+            "IDEMPOTENCY_ENCRYPTION_KEYS must be Fernet keys (32 url-safe base64 bytes); "
+            "make one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'"
+        ) from exc
+
+
+def fernet() -> MultiFernet:
+    return _fernet(tuple(settings.IDEMPOTENCY_ENCRYPTION_KEYS), settings.SECRET_KEY)
+
+
+def encrypt(data: bytes) -> bytes:
+    return fernet().encrypt(data)
+
+
+def decrypt(token: bytes) -> bytes:
+    try:
+        return fernet().decrypt(bytes(token))
+    except InvalidToken as exc:
+        raise ImproperlyConfigured(
+            "a stored idempotency body cannot be decrypted: its key is no longer in "
+            "IDEMPOTENCY_ENCRYPTION_KEYS"
+        ) from exc
+
+
+def rotate(token: bytes) -> bytes:
+    return fernet().rotate(bytes(token))
