@@ -1,3 +1,97 @@
-from django.contrib import admin
+"""Read-only admin for idempotency records: find a key, its sandbox, its state and lease.
+Stored bodies are shown decrypted with every token redacted."""
 
-# Register your models here.
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+
+from idempotency import crypto
+from idempotency.models import IdempotencyRecord
+from idempotency.services import purge_expired
+
+SECRET_FIELDS = re.compile(r"token|secret|password|key", re.IGNORECASE)
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: ("[redacted]" if SECRET_FIELDS.search(k) and v is not None else redact(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    title = "retention"
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "expired"), ("no", "live")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = timezone.now()
+        if self.value() == "yes":
+            return queryset.filter(expires_at__lte=now)
+        if self.value() == "no":
+            return queryset.filter(expires_at__gt=now)
+        return queryset
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
+    list_display = ["key", "route", "team", "state", "resource_id", "attempt", "response_status",
+                    "created_at", "expired"]
+    list_filter = ["state", "route", "team", ExpiredFilter, "expires_at"]
+    search_fields = ["key", "resource_id"]
+    date_hierarchy = "created_at"
+    actions = ["purge_expired_records"]
+    fields = ["team", "key", "route", "fingerprint", "state", "resource_id", "attempt",
+              "lease_owner", "lease_expires_at", "created_at", "completed_at", "expires_at",
+              "expired", "response_status", "response_content_type", "stored_request",
+              "stored_response"]
+    readonly_fields = fields
+
+    @admin.display(boolean=True, description="expired")
+    def expired(self, obj: IdempotencyRecord) -> bool:
+        return obj.expires_at <= timezone.now()
+
+    def _decrypted(self, blob: bytes | None) -> str:
+        if blob is None:
+            return "—"
+        raw = crypto.decrypt(blob)
+        try:
+            return json.dumps(redact(json.loads(raw)), indent=2)
+        except ValueError:
+            return f"<{len(raw)} bytes, not JSON>"
+
+    @admin.display(description="request (redacted)")
+    def stored_request(self, obj: IdempotencyRecord) -> str:
+        return format_html("<pre>{}</pre>", self._decrypted(obj.request_encrypted))
+
+    @admin.display(description="response body (redacted)")
+    def stored_response(self, obj: IdempotencyRecord) -> str:
+        return format_html("<pre>{}</pre>", self._decrypted(obj.response_body_encrypted))
+
+    @admin.action(description="Purge every expired record (not only the selected)")
+    def purge_expired_records(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        n = purge_expired()
+        self.message_user(request, f"purged {n} expired idempotency records")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -384,3 +384,27 @@ def drive_abandoned(*, limit: int = 100) -> list[int]:
             continue
         done.append(locked.pk)
     return done
+
+
+def purge_expired(*, batch_size: int = 10_000, dry_run: bool = False) -> int:
+    """Delete records past retention in batches; returns how many. Never a live claim (see
+    ``purgeable``). Safe beside traffic and beside another purge: each batch locks its rows
+    with SKIP LOCKED, so two purges split the work and a row a claim holds is skipped."""
+    if dry_run:
+        return IdempotencyRecord.objects.purgeable(timezone.now()).count()
+    total = 0
+    while True:
+        now = timezone.now()
+        with transaction.atomic():
+            pks = list(
+                IdempotencyRecord.objects.purgeable(now)
+                .select_for_update(skip_locked=True)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:batch_size]
+            )
+            if not pks:
+                return total
+            # Nothing references a record, so this is one DELETE; the condition is
+            # re-checked in it, so a row renewed since we read it stays.
+            deleted, _ = IdempotencyRecord.objects.purgeable(now).filter(pk__in=pks).delete()
+            total += deleted

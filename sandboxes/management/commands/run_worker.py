@@ -1,8 +1,9 @@
 """``python manage.py run_worker``: the lifecycle worker.
 
 Each tick it (1) applies the timeout action of sandboxes past ``endAt`` (kill, or pause when
-``autoPause`` was set), (2) finishes transitions abandoned by a process that died mid-way,
-(3) reconciles the database with the runtime, (4) sweeps unused images. Several workers may
+``autoPause`` was set), (2) re-drives idempotent requests whose owner died and finishes
+sandbox transitions abandoned mid-way, (3) reconciles the database with the runtime,
+(4) purges expired idempotency keys and sweeps unused images. Several workers may
 run at once: every step claims its rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` or a
 fenced update, so no sandbox is acted on twice.
 """
@@ -21,6 +22,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 from django.utils import timezone
 
+from idempotency import services as idempotency
 from sandboxes import services
 from sandboxes.models import Sandbox
 from templates.services import template_sweep_images
@@ -71,6 +73,8 @@ class Command(BaseCommand):
             if action:
                 logger.info("sandbox %s timed out: %s", sandbox_id, action)
         if full or n % 5 == 0:
+            for record_pk in idempotency.drive_abandoned():
+                logger.info("idempotency record %s: re-drove an abandoned claim", record_pk)
             for sandbox_id in services.sandbox_recover_stale(older_than=now - stale_after):
                 logger.info("sandbox %s: finished an abandoned transition", sandbox_id)
         if full or n % 10 == 0:
@@ -79,5 +83,8 @@ class Command(BaseCommand):
                 for sandbox_id in ids:
                     logger.info("reconcile: sandbox %s %s", sandbox_id, kind)
         if full or n % 60 == 0:
+            purged = idempotency.purge_expired()
+            if purged:
+                logger.info("purged %d expired idempotency records", purged)
             for image_id in template_sweep_images():
                 logger.info("removed unused image %s", image_id)

@@ -1,0 +1,39 @@
+"""``python manage.py rotate_idempotency_keys``: re-encrypt every stored request and
+response with the first key of IDEMPOTENCY_ENCRYPTION_KEYS (run after adding a new key in
+front; then the old key can be removed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from idempotency import crypto
+from idempotency.models import IdempotencyRecord
+
+
+class Command(BaseCommand):
+    help = "Re-encrypt stored idempotency bodies with the newest encryption key."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        n = 0
+        last = 0
+        while True:
+            with transaction.atomic():
+                batch = list(
+                    IdempotencyRecord.objects.select_for_update(skip_locked=True)
+                    .filter(pk__gt=last).order_by("pk")[:1000]
+                )
+                if not batch:
+                    break
+                for record in batch:
+                    record.request_encrypted = crypto.rotate(record.request_encrypted)
+                    fields = ["request_encrypted"]
+                    if record.response_body_encrypted is not None:
+                        record.response_body_encrypted = crypto.rotate(record.response_body_encrypted)
+                        fields.append("response_body_encrypted")
+                    record.save(update_fields=fields)
+                last = batch[-1].pk
+                n += len(batch)
+        self.stdout.write(f"re-encrypted {n} idempotency records")
