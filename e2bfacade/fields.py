@@ -14,7 +14,7 @@ class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data: Any) -> int:
         if type(data) is not int:  # bool is an int subclass: refuse it too
             self.fail("invalid")
-        return super().to_internal_value(data)  # type: ignore[no-any-return]
+        return super().to_internal_value(data)
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -34,7 +34,7 @@ class StrictCharField(serializers.CharField):
             self.fail("invalid")
         if "\x00" in data:
             raise serializers.ValidationError("must not contain NUL characters")
-        return super().to_internal_value(data)  # type: ignore[no-any-return]
+        return super().to_internal_value(data)
 
 
 class StringMapField(serializers.DictField):
@@ -58,4 +58,4 @@ class StringMapField(serializers.DictField):
                 raise serializers.ValidationError(
                     f"keys must be 1-{self.max_key} characters without NUL"
                 )
-        return super().to_internal_value(data)  # type: ignore[no-any-return]
+        return super().to_internal_value(data)

@@ -49,23 +49,47 @@ class ExpiredFilter(admin.SimpleListFilter):
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
-    list_display = ["key", "route", "team", "state", "resource_id", "attempt", "response_status",
-                    "created_at", "expired"]
+    list_display = [
+        "key",
+        "route",
+        "team",
+        "state",
+        "resource_id",
+        "attempt",
+        "response_status",
+        "created_at",
+        "expired",
+    ]
     list_filter = ["state", "route", "team", ExpiredFilter, "expires_at"]
     search_fields = ["key", "resource_id"]
     date_hierarchy = "created_at"
     actions = ["purge_expired_records"]
-    fields = ["team", "key", "route", "fingerprint", "state", "resource_id", "attempt",
-              "lease_owner", "lease_expires_at", "created_at", "completed_at", "expires_at",
-              "expired", "response_status", "response_content_type", "stored_request",
-              "stored_response"]
+    fields = (
+        "team",
+        "key",
+        "route",
+        "fingerprint",
+        "state",
+        "resource_id",
+        "attempt",
+        "lease_owner",
+        "lease_expires_at",
+        "created_at",
+        "completed_at",
+        "expires_at",
+        "expired",
+        "response_status",
+        "response_content_type",
+        "stored_request",
+        "stored_response",
+    )
     readonly_fields = fields
 
     @admin.display(boolean=True, description="expired")
     def expired(self, obj: IdempotencyRecord) -> bool:
         return obj.expires_at <= timezone.now()
 
-    def _decrypted(self, blob: bytes | None) -> str:
+    def _decrypted(self, blob: bytes | memoryview | None) -> str:
         if blob is None:
             return "—"
         raw = crypto.decrypt(blob)

@@ -40,7 +40,7 @@ def encrypt(data: bytes) -> bytes:
     return fernet().encrypt(data)
 
 
-def decrypt(token: bytes) -> bytes:
+def decrypt(token: bytes | memoryview) -> bytes:
     try:
         return fernet().decrypt(bytes(token))
     except InvalidToken as exc:
@@ -50,5 +50,5 @@ def decrypt(token: bytes) -> bytes:
         ) from exc
 
 
-def rotate(token: bytes) -> bytes:
+def rotate(token: bytes | memoryview) -> bytes:
     return fernet().rotate(bytes(token))

@@ -28,7 +28,9 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _v1(method: str, path: str, query: Iterable[tuple[str, list[str]]], body: dict[str, Any]) -> str:
+def _v1(
+    method: str, path: str, query: Iterable[tuple[str, list[str]]], body: dict[str, Any]
+) -> str:
     canonical = {
         "method": method.upper(),
         "path": path,
@@ -43,7 +45,12 @@ VERSIONS = {"v1": _v1}
 
 
 def fingerprint(
-    version: str, *, method: str, path: str, query: Iterable[tuple[str, list[str]]], body: dict[str, Any]
+    version: str,
+    *,
+    method: str,
+    path: str,
+    query: Iterable[tuple[str, list[str]]],
+    body: dict[str, Any],
 ) -> str:
     try:
         fn = VERSIONS[version]

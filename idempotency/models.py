@@ -67,7 +67,8 @@ class IdempotencyRecord(models.Model):
             models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
             models.Index(fields=["resource_id"], name="idempotency_resource_idx"),
             models.Index(
-                fields=["lease_expires_at"], name="idempotency_inprogress_idx",
+                fields=["lease_expires_at"],
+                name="idempotency_inprogress_idx",
                 condition=Q(state="in_progress"),
             ),
         ]

@@ -98,7 +98,9 @@ def error_result(exc: ApiError) -> Result:
     )
 
 
-def _run(op: Operation, team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> Result:
+def _run(
+    op: Operation, team: Team, params: dict[str, str], body: dict[str, Any], rid: str
+) -> Result:
     status, payload = op.execute(team, params, body, rid)
     return Result(status, render(payload))
 
@@ -141,8 +143,14 @@ class Claim:
 
 
 def _new_record(
-    team: Team, key: str, op: Operation, fp: str, params: dict[str, str], body: dict[str, Any],
-    owner: str, now: Any,
+    team: Team,
+    key: str,
+    op: Operation,
+    fp: str,
+    params: dict[str, str],
+    body: dict[str, Any],
+    owner: str,
+    now: Any,
 ) -> IdempotencyRecord:
     return IdempotencyRecord.objects.create(
         team=team,
@@ -161,20 +169,29 @@ def _new_record(
 
 
 def _claim(
-    team: Team, key: str, op: Operation, fp_for: Any, params: dict[str, str],
-    body: dict[str, Any], owner: str,
+    team: Team,
+    key: str,
+    op: Operation,
+    fp_for: Any,
+    params: dict[str, str],
+    body: dict[str, Any],
+    owner: str,
 ) -> Claim:
     now = timezone.now()
     with transaction.atomic():
         try:
             with transaction.atomic():  # a savepoint: a lost insert race leaves the tx usable
-                record = _new_record(team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now)
+                record = _new_record(
+                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
+                )
         except IntegrityError:
             record = IdempotencyRecord.objects.select_for_update().get(team=team, key=key)
             if record.expires_at <= now:
                 # Past retention: the key may create anew. The old resource stays as it is.
                 record.delete()
-                record = _new_record(team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now)
+                record = _new_record(
+                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
+                )
             else:
                 version = record.fingerprint.split(":", 1)[0]
                 if record.route != op.route or record.fingerprint != fp_for(version):
@@ -187,7 +204,9 @@ def _claim(
                     return Claim("unknown", record)
                 # Take over: the previous owner is gone. Same resource id, next attempt.
                 record.lease_owner = owner
-                record.lease_expires_at = now + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
+                record.lease_expires_at = now + timedelta(
+                    seconds=settings.IDEMPOTENCY_LEASE_SECONDS
+                )
                 record.attempt += 1
                 record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
                 logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
@@ -224,8 +243,13 @@ def _store(record: IdempotencyRecord, result: Result, now: Any) -> None:
     record.response_body_encrypted = crypto.encrypt(result.body)
     record.completed_at = now
     record.save(
-        update_fields=["state", "response_status", "response_content_type",
-                       "response_body_encrypted", "completed_at"]
+        update_fields=[
+            "state",
+            "response_status",
+            "response_content_type",
+            "response_body_encrypted",
+            "completed_at",
+        ]
     )
 
 
@@ -245,20 +269,26 @@ def _complete(record: IdempotencyRecord, owner: str, result: Result) -> bool:
 
 def _release(record: IdempotencyRecord, owner: str) -> None:
     """Forget the key: nothing was allocated, so the same key may simply try again."""
-    IdempotencyRecord.objects.filter(pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS).delete()
+    IdempotencyRecord.objects.filter(
+        pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
+    ).delete()
 
 
 def _abandon_lease(record: IdempotencyRecord, owner: str) -> None:
     """The attempt failed in a way we cannot classify: let the next retry take over at once."""
-    IdempotencyRecord.objects.filter(pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS).update(
-        lease_expires_at=timezone.now()
-    )
+    IdempotencyRecord.objects.filter(
+        pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
+    ).update(lease_expires_at=timezone.now())
 
 
 # -------------------------------------------------------------------------------- drive
 def _execute_claim(
-    op: Operation, team: Team, params: dict[str, str], body: dict[str, Any],
-    record: IdempotencyRecord, owner: str,
+    op: Operation,
+    team: Team,
+    params: dict[str, str],
+    body: dict[str, Any],
+    record: IdempotencyRecord,
+    owner: str,
 ) -> Result:
     """Run (or re-drive) a claimed request and complete its record."""
     try:
@@ -301,7 +331,12 @@ def _in_progress_error() -> ApiError:
 
 
 def run(
-    request: HttpRequest, *, team: Team, route: str, params: dict[str, str], body: dict[str, Any],
+    request: HttpRequest,
+    *,
+    team: Team,
+    route: str,
+    params: dict[str, str],
+    body: dict[str, Any],
 ) -> HttpResponse:
     """Execute the registered operation ``route`` for this request, exactly once per key.
 
@@ -321,8 +356,13 @@ def run(
             return error_result(exc).to_response()
 
     def fp_for(version: str) -> str:
-        return fingerprint(version, method=request.method or "", path=request.path,
-                           query=request.GET.lists(), body=body)
+        return fingerprint(
+            version,
+            method=request.method or "",
+            path=request.path,
+            query=request.GET.lists(),
+            body=body,
+        )
 
     owner = uuid.uuid4().hex
     deadline = time.monotonic() + settings.IDEMPOTENCY_WAIT_SECONDS
@@ -335,17 +375,23 @@ def run(
             assert claim.result is not None
             return claim.result.to_response()
         if claim.kind == "mismatch":
-            return error_result(ApiError(
-                "this Idempotency-Key was used for a different request",
-                status=409, error_code="idempotency_request_mismatch",
-            )).to_response()
+            return error_result(
+                ApiError(
+                    "this Idempotency-Key was used for a different request",
+                    status=409,
+                    error_code="idempotency_request_mismatch",
+                )
+            ).to_response()
         if claim.kind == "unknown":
             assert claim.record is not None
-            return error_result(ApiError(
-                f"the outcome of the original request is unknown after {claim.record.attempt} "
-                f"attempts (reserved resource {claim.record.resource_id})",
-                status=422, error_code="idempotency_outcome_unknown",
-            )).to_response()
+            return error_result(
+                ApiError(
+                    f"the outcome of the original request is unknown after {claim.record.attempt} "
+                    f"attempts (reserved resource {claim.record.resource_id})",
+                    status=422,
+                    error_code="idempotency_outcome_unknown",
+                )
+            ).to_response()
         # In progress: the original is alive. Wait a little for it rather than bouncing
         # the caller (E2B answers at once); no lock or transaction is held while we wait.
         if time.monotonic() >= deadline:
@@ -364,21 +410,34 @@ def drive_abandoned(*, limit: int = 100) -> list[int]:
         with transaction.atomic():
             locked = (
                 IdempotencyRecord.objects.select_for_update(skip_locked=True)
-                .filter(pk=record.pk).first()
+                .filter(pk=record.pk)
+                .first()
             )
-            if locked is None or locked.state != State.IN_PROGRESS or _owner_alive(locked, timezone.now()):
+            if (
+                locked is None
+                or locked.state != State.IN_PROGRESS
+                or _owner_alive(locked, timezone.now())
+            ):
                 continue
             if locked.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
                 continue  # left for its client's retry to answer 422
             locked.lease_owner = owner
-            locked.lease_expires_at = timezone.now() + timedelta(seconds=settings.IDEMPOTENCY_LEASE_SECONDS)
+            locked.lease_expires_at = timezone.now() + timedelta(
+                seconds=settings.IDEMPOTENCY_LEASE_SECONDS
+            )
             locked.attempt += 1
             locked.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
             _advisory("pg_try_advisory_lock", locked.pk)
         saved = json.loads(crypto.decrypt(locked.request_encrypted))
         try:
-            _execute_claim(get_operation(locked.route), record.team, saved["params"], saved["body"],
-                           locked, owner)
+            _execute_claim(
+                get_operation(locked.route),
+                record.team,
+                saved["params"],
+                saved["body"],
+                locked,
+                owner,
+            )
         except Exception:
             logger.exception("idempotency: re-driving record %s failed", locked.pk)
             continue

@@ -6,12 +6,12 @@ request, a retry that took over after a crash, or the worker.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from e2bfacade.models import Team
 from idempotency.registry import Operation, register
 from sandboxes import services
-from sandboxes.models import new_sandbox_id
+from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.serializers import SandboxSerializer, create_request_from
 from snapshots import services as snapshot_services
 from snapshots.serializers import SnapshotInfoSerializer
@@ -32,7 +32,9 @@ def _create(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) 
     return 201, SandboxSerializer(sandbox).data
 
 
-def _snapshot(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> tuple[int, Any]:
+def _snapshot(
+    team: Team, params: dict[str, str], body: dict[str, Any], rid: str
+) -> tuple[int, Any]:
     snapshot = snapshot_services.snapshot_create(
         team=team, sandbox_id=params["sandbox_id"], name=body.get("name"), snapshot_id=rid
     )
@@ -41,11 +43,15 @@ def _snapshot(team: Team, params: dict[str, str], body: dict[str, Any], rid: str
 
 def _fork(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> tuple[int, Any]:
     results = snapshot_services.sandbox_fork(
-        team=team, sandbox_id=params["sandbox_id"], timeout=body["timeout"],
-        count=body["count"], fork_id=rid,
+        team=team,
+        sandbox_id=params["sandbox_id"],
+        timeout=body["timeout"],
+        count=body["count"],
+        fork_id=rid,
     )
     return 201, [
-        {"sandbox": SandboxSerializer(r["sandbox"]).data} if "sandbox" in r else r for r in results
+        {"sandbox": SandboxSerializer(cast(Sandbox, r["sandbox"])).data} if "sandbox" in r else r
+        for r in results
     ]
 
 

@@ -40,12 +40,14 @@ def parse_metadata_filter(raw: str | None) -> tuple[tuple[str, str], ...]:
     try:
         pairs = parse_qsl(raw, keep_blank_values=True, strict_parsing=True)
     except ValueError:
-        raise BadRequest(f"metadata filter {raw!r} is not of the form key=value&key2=value2") from None
+        raise BadRequest(
+            f"metadata filter {raw!r} is not of the form key=value&key2=value2"
+        ) from None
     return tuple(pairs)
 
 
 def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery:
-    states = ("running", "paused")
+    states: tuple[str, ...] = ("running", "paused")
     if params.get("state"):
         states = tuple(s.strip() for s in params["state"].split(",") if s.strip())
         bad = [s for s in states if s not in WIRE_TO_STATES]
@@ -88,7 +90,9 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
         state__in=[s for wire in query.states for s in WIRE_TO_STATES[wire]]
     )
     for i, (key, value) in enumerate(query.metadata):
-        qs = qs.annotate(**{f"_m{i}": KeyTextTransform(key, "metadata")}).filter(**{f"_m{i}": value})
+        qs = qs.annotate(**{f"_m{i}": KeyTextTransform(key, "metadata")}).filter(
+            **{f"_m{i}": value}
+        )
     if query.started_after is not None:
         qs = qs.filter(started_at__gt=query.started_after)
     if query.template:
@@ -98,9 +102,13 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
     if query.next_token:
         started_at, last_id = read_token(query.next_token, salt=TOKEN_SALT, filters=filters)
         if desc:
-            qs = qs.filter(Q(started_at__lt=started_at) | Q(started_at=started_at, sandbox_id__lt=last_id))
+            qs = qs.filter(
+                Q(started_at__lt=started_at) | Q(started_at=started_at, sandbox_id__lt=last_id)
+            )
         else:
-            qs = qs.filter(Q(started_at__gt=started_at) | Q(started_at=started_at, sandbox_id__gt=last_id))
+            qs = qs.filter(
+                Q(started_at__gt=started_at) | Q(started_at=started_at, sandbox_id__gt=last_id)
+            )
     ordering = ["-started_at", "-sandbox_id"] if desc else ["started_at", "sandbox_id"]
     rows = list(qs.select_related("template").order_by(*ordering)[: query.limit + 1])
     next_token = None

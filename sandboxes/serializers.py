@@ -46,7 +46,9 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
     def validate_envVars(self, value: dict[str, str] | None) -> dict[str, str] | None:
         for name in value or {}:
             if not ENV_NAME.match(name):
-                raise serializers.ValidationError(f"{name!r} is not a valid environment variable name")
+                raise serializers.ValidationError(
+                    f"{name!r} is not a valid environment variable name"
+                )
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -56,10 +58,16 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
                 "the local runtime gives sandboxes no network access beyond their own "
                 "loopback; omit it or send false",
             ),
-            "network": (bool(attrs.get("network")), "network rules are not supported by this server"),
+            "network": (
+                bool(attrs.get("network")),
+                "network rules are not supported by this server",
+            ),
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
             "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
-            "volumeMounts": (bool(attrs.get("volumeMounts")), "volumes are not supported by this server"),
+            "volumeMounts": (
+                bool(attrs.get("volumeMounts")),
+                "volumes are not supported by this server",
+            ),
             "autoPauseMemory": (
                 attrs.get("autoPauseMemory") is False,
                 "filesystem-only auto-pause is not supported; the local runtime pauses by "
@@ -78,7 +86,8 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
     def canonical(self) -> dict[str, Any]:
         """The body as idempotency fingerprints and stores it: validated, scalar defaults
         applied, nulls and unknown fields dropped; an absent object stays absent."""
-        return _json_safe({k: v for k, v in self.validated_data.items() if v is not None})
+        data: dict[str, Any] = _json_safe(dict(self.validated_data))
+        return data
 
 
 def _json_safe(value: Any) -> Any:

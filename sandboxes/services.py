@@ -53,7 +53,7 @@ TRANSITION_WAIT_SECONDS = 5.0
 
 
 def not_found(sandbox_id: str) -> NotFound:
-    return NotFound(f'Sandbox "{sandbox_id}" doesn\'t exist or you don\'t have access to it')
+    return NotFound(f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
 
 
 def runtime_error(exc: Exception) -> ApiError:
@@ -87,7 +87,9 @@ def check_timeout(timeout: int) -> None:
 
 
 # ------------------------------------------------------------------------------- create
-def sandbox_reserve(*, team: Team, request: CreateRequest, sandbox_id: str | None = None) -> Sandbox:
+def sandbox_reserve(
+    *, team: Team, request: CreateRequest, sandbox_id: str | None = None
+) -> Sandbox:
     """Insert the sandbox row in state ``creating``: the intent is durable before anything
     is allocated. Deterministic refusals (unknown template, timeout too long) are raised
     here, before any row exists. Joins the caller's transaction if there is one."""
@@ -175,7 +177,9 @@ def sandbox_create(*, team: Team, request: CreateRequest, sandbox_id: str | None
     attempt got any part of the way: safe to re-drive with the same id after a crash."""
     sandbox = None
     if sandbox_id is not None:
-        sandbox = Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
+        sandbox = (
+            Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
+        )
     if sandbox is None:
         with transaction.atomic():
             sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
@@ -187,7 +191,11 @@ def sandbox_create(*, team: Team, request: CreateRequest, sandbox_id: str | None
 # ------------------------------------------------------------------------------ lookups
 def sandbox_get(*, team: Team, sandbox_id: str) -> Sandbox:
     sandbox = (
-        Sandbox.objects.of_team(team.pk).live().select_related("template").filter(pk=sandbox_id).first()
+        Sandbox.objects.of_team(team.pk)
+        .live()
+        .select_related("template")
+        .filter(pk=sandbox_id)
+        .first()
     )
     if sandbox is None:
         raise not_found(sandbox_id)
@@ -249,7 +257,9 @@ def _finish(sandbox: Sandbox, from_state: str, to_state: str, **fields: object) 
     return sandbox
 
 
-def _runtime_call(sandbox: Sandbox, claimed: str, rollback_to: str, fn: object, *args: object) -> None:
+def _runtime_call(
+    sandbox: Sandbox, claimed: str, rollback_to: str, fn: object, *args: object
+) -> None:
     """Run a runtime operation for a claimed transition; on failure restore the previous
     state (the runtime's operations are all-or-nothing) and raise an API error."""
     try:
@@ -270,8 +280,10 @@ def sandbox_pause(*, team: Team, sandbox_id: str) -> Sandbox:
         team=team,
         sandbox_id=sandbox_id,
         allowed={State.RUNNING: State.PAUSING},
-        conflict={State.PAUSED: f"sandbox {sandbox_id} is already paused",
-                  State.PAUSING: f"sandbox {sandbox_id} is already being paused"},
+        conflict={
+            State.PAUSED: f"sandbox {sandbox_id} is already paused",
+            State.PAUSING: f"sandbox {sandbox_id} is already being paused",
+        },
     )
     _runtime_call(sandbox, State.PAUSING, State.RUNNING, get_runtime().pause, sandbox_id)
     return _finish(sandbox, State.PAUSING, State.PAUSED)
@@ -291,8 +303,10 @@ def sandbox_resume(*, team: Team, sandbox_id: str, timeout: int) -> Sandbox:
         team=team,
         sandbox_id=sandbox_id,
         allowed={State.PAUSED: State.RESUMING},
-        conflict={State.RUNNING: f"sandbox {sandbox_id} is already running",
-                  State.RESUMING: f"sandbox {sandbox_id} is already being resumed"},
+        conflict={
+            State.RUNNING: f"sandbox {sandbox_id} is already running",
+            State.RESUMING: f"sandbox {sandbox_id} is already being resumed",
+        },
     )
     return _resume(sandbox, timeout)
 
@@ -479,9 +493,7 @@ def sandbox_reconcile() -> dict[str, list[str]]:
     runtime = get_runtime()
     # Database first, runtime second: a sandbox the database saw live existed in the runtime
     # before we listed it, so missing from the list means it really died.
-    known = dict(
-        Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state")
-    )
+    known = dict(Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state"))
     actual = {info.sandbox_id: info for info in runtime.list()}
     gone, orphans = [], []
     for sandbox_id, state in known.items():

@@ -48,7 +48,9 @@ def body(request: Request) -> dict[str, Any]:
 class SandboxViewSet(viewsets.ViewSet):
     lookup_field = "sandbox_id"
 
-    def _create(self, request: Request, serializer_class: type[NewSandboxSerializer], route: str) -> Any:
+    def _create(
+        self, request: Request, serializer_class: type[NewSandboxSerializer], route: str
+    ) -> Any:
         serializer = serializer_class(data=body(request))
         serializer.is_valid(raise_exception=True)
         return idempotency.run(
@@ -65,7 +67,7 @@ class SandboxViewSet(viewsets.ViewSet):
         query = selectors.parse_list_query(request.query_params.dict())
         rows, next_token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
         headers = {"X-Next-Token": next_token} if next_token else {}
-        return Response(ListedSandboxSerializer(rows, many=True).data, headers=headers)
+        return Response(ListedSandboxSerializer(rows, many=True).data, headers=headers)  # type: ignore[arg-type]  # stubs don't model many=True
 
     def list_v1(self, request: Request) -> Response:
         params = request.query_params.dict()
@@ -79,7 +81,7 @@ class SandboxViewSet(viewsets.ViewSet):
             if token is None:
                 break
             query = selectors.ListQuery(**{**query.__dict__, "next_token": token})
-        return Response(ListedSandboxSerializer(rows, many=True).data)
+        return Response(ListedSandboxSerializer(rows, many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
 
     def retrieve(self, request: Request, sandbox_id: str) -> Response:
         sandbox = services.sandbox_get(team=team_of(request), sandbox_id=sandbox_id)
@@ -117,7 +119,9 @@ class SandboxViewSet(viewsets.ViewSet):
         serializer = TimeoutBodySerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
         services.sandbox_set_timeout(
-            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.validated_data["timeout"]
+            team=team_of(request),
+            sandbox_id=sandbox_id,
+            timeout=serializer.validated_data["timeout"],
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -139,4 +143,4 @@ class SandboxViewSet(viewsets.ViewSet):
         end = query.validated_data.get("end")
         ts = sample["timestampUnix"]
         in_window = (start is None or ts >= start) and (end is None or ts <= end + 1)
-        return Response(MetricSerializer([sample] if in_window else [], many=True).data)
+        return Response(MetricSerializer([sample] if in_window else [], many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True

@@ -27,5 +27,7 @@ def snapshot_list(
     token = None
     if len(rows) > limit:
         rows = rows[:limit]
-        token = make_token(salt=TOKEN_SALT, at=rows[-1].created_at, pk=rows[-1].template_id, filters=filters)
+        token = make_token(
+            salt=TOKEN_SALT, at=rows[-1].created_at, pk=rows[-1].template_id, filters=filters
+        )
     return rows, token

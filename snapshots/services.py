@@ -16,14 +16,25 @@ from e2bfacade.models import Team
 from sandboxes.models import Sandbox
 from sandboxes.runtime import get_runtime
 from sandboxes.runtime.base import RuntimeConflict, RuntimeUnavailable, SandboxNotFound
-from sandboxes.services import CreateRequest, check_timeout, not_found, runtime_error, sandbox_create, sandbox_get
+from sandboxes.services import (
+    CreateRequest,
+    check_timeout,
+    not_found,
+    runtime_error,
+    sandbox_create,
+    sandbox_get,
+)
 from templates.models import ID_ALPHABET, Template, new_template_id
 
 State = Sandbox.State
 
 
 def snapshot_create(
-    *, team: Team, sandbox_id: str, name: str | None, kind: str = Template.Kind.SNAPSHOT,
+    *,
+    team: Team,
+    sandbox_id: str,
+    name: str | None,
+    kind: str = Template.Kind.SNAPSHOT,
     snapshot_id: str | None = None,
 ) -> Template:
     """Capture the sandbox's files as a new template. The source keeps running (it is

@@ -27,8 +27,11 @@ class SnapshotViewSet(viewsets.ViewSet):
         serializer.is_valid(raise_exception=True)
         canonical = {"name": serializer.validated_data.get("name")}
         return idempotency.run(
-            request, team=team_of(request), route=idempotent.SNAPSHOT,
-            params={"sandbox_id": sandbox_id}, body=canonical,
+            request,
+            team=team_of(request),
+            route=idempotent.SNAPSHOT,
+            params={"sandbox_id": sandbox_id},
+            body=canonical,
         )
 
     def list(self, request: Request) -> Response:
@@ -43,12 +46,15 @@ class SnapshotViewSet(viewsets.ViewSet):
             next_token=q.get("nextToken"),
         )
         headers = {"X-Next-Token": token} if token else {}
-        return Response(SnapshotInfoSerializer(rows, many=True).data, headers=headers)
+        return Response(SnapshotInfoSerializer(rows, many=True).data, headers=headers)  # type: ignore[arg-type]  # stubs don't model many=True
 
     def fork(self, request: Request, sandbox_id: str) -> Any:
         serializer = ForkRequestSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
         return idempotency.run(
-            request, team=team_of(request), route=idempotent.FORK,
-            params={"sandbox_id": sandbox_id}, body=dict(serializer.validated_data),
+            request,
+            team=team_of(request),
+            route=idempotent.FORK,
+            params={"sandbox_id": sandbox_id},
+            body=dict(serializer.validated_data),
         )

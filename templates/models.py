@@ -28,7 +28,9 @@ class TemplateQuerySet(models.QuerySet["Template"]):
         """A template by id or alias, as E2B's ``templateID`` accepts both. A team's own
         alias wins over a public one of the same name."""
         candidates = self.visible_to(team_id).filter(Q(template_id=ref) | Q(alias=ref))
-        return min(candidates, key=lambda t: (t.template_id != ref, t.team_id is None), default=None)
+        return min(
+            candidates, key=lambda t: (t.template_id != ref, t.team_id is None), default=None
+        )
 
 
 class Template(models.Model):
@@ -43,7 +45,8 @@ class Template(models.Model):
     team = models.ForeignKey(
         "e2bfacade.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="templates"
     )
-    alias = models.CharField(max_length=128, null=True, blank=True)
+    # NULL, not "": an unnamed template must not collide with another under the unique alias.
+    alias = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TEMPLATE)
     # The runtime image this template starts from (see sandboxes.runtime).
     image_id = models.CharField(max_length=64)
@@ -54,7 +57,7 @@ class Template(models.Model):
     envd_version = models.CharField(max_length=32, default=ENVD_VERSION)
     size_bytes = models.BigIntegerField(default=0)
     # Snapshots and forks: the sandbox they were taken from.
-    source_sandbox_id = models.CharField(max_length=64, null=True, blank=True, db_index=True)
+    source_sandbox_id = models.CharField(max_length=64, null=True, blank=True, db_index=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -64,11 +67,13 @@ class Template(models.Model):
         constraints = [
             # An alias names one template per owner; public aliases are unique among public.
             models.UniqueConstraint(
-                fields=["team", "alias"], name="template_team_alias_unique",
+                fields=["team", "alias"],
+                name="template_team_alias_unique",
                 condition=Q(team__isnull=False) & Q(alias__isnull=False),
             ),
             models.UniqueConstraint(
-                fields=["alias"], name="template_public_alias_unique",
+                fields=["alias"],
+                name="template_public_alias_unique",
                 condition=Q(team__isnull=True) & Q(alias__isnull=False),
             ),
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.db import IntegrityError, transaction
 
@@ -14,6 +15,7 @@ from sandboxes.runtime.local import BASE_IMAGE
 from templates.models import Template, new_template_id
 
 logger = logging.getLogger(__name__)
+ORPHAN_IMAGE_GRACE_SECONDS = 3600
 
 
 class Forbidden(ApiError):
@@ -106,14 +108,21 @@ def template_sweep_images() -> list[str]:
     removed = []
     for template in Template.objects.filter(kind=Template.Kind.FORK):
         with transaction.atomic():
-            locked = Template.objects.select_for_update(skip_locked=True).filter(pk=template.pk).first()
+            locked = (
+                Template.objects.select_for_update(skip_locked=True).filter(pk=template.pk).first()
+            )
             if locked is None or locked.sandboxes.exclude(state="killed").exists():
                 continue
             locked.delete()
     runtime = get_runtime()
+    # An image is built before its template row is inserted (no transaction spans the
+    # build): only an image older than the grace period can be an orphan.
+    cutoff = time.time() - ORPHAN_IMAGE_GRACE_SECONDS
     known = set(Template.objects.values_list("image_id", flat=True))
     for image_id in runtime.list_images():
         if image_id in known or image_id == BASE_IMAGE:
+            continue
+        if runtime.image_info(image_id).created_at > cutoff:
             continue
         try:
             if runtime.delete_image(image_id):

@@ -21,7 +21,7 @@ def _with_stats(qs: QuerySet[Template]) -> QuerySet[Template]:
 class TemplateViewSet(viewsets.ViewSet):
     def list(self, request: Request) -> Response:
         qs = Template.objects.visible_to(team_of(request).pk).filter(kind=Template.Kind.TEMPLATE)
-        return Response(TemplateSerializer(_with_stats(qs).order_by("created_at"), many=True).data)
+        return Response(TemplateSerializer(_with_stats(qs).order_by("created_at"), many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
 
     def retrieve(self, request: Request, template_id: str) -> Response:
         found = Template.objects.resolve(team_of(request).pk, template_id)
@@ -38,7 +38,9 @@ class TemplateViewSet(viewsets.ViewSet):
         """200 when the alias names a template the team can use; 403 when another team owns
         it; 404 when it is free."""
         team = team_of(request)
-        template = Template.objects.visible_to(team.pk).filter(alias=alias).order_by("team_id").first()
+        template = (
+            Template.objects.visible_to(team.pk).filter(alias=alias).order_by("team_id").first()
+        )
         if template is None:
             if Template.objects.filter(alias=alias).exists():
                 raise ApiError(f"alias '{alias}' belongs to another team", status=403)

@@ -45,7 +45,9 @@ def ensure_binary(root: Path) -> Path:
         text=True,
     )
     if proc.returncode != 0:
-        raise RuntimeUnavailable(f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}")
+        raise RuntimeUnavailable(
+            f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}"
+        )
     os.replace(tmp, binary)  # atomic: concurrent builders end with the same file
     return binary
 

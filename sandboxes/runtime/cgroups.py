@@ -230,7 +230,9 @@ class CgroupsV2(Cgroups):
         available = set(_read(root / "cgroup.controllers").split())
         missing = {"memory", "pids"} - available
         if missing:
-            raise RuntimeUnavailable(f"cgroup v2 lacks the {', '.join(sorted(missing))} controller(s)")
+            raise RuntimeUnavailable(
+                f"cgroup v2 lacks the {', '.join(sorted(missing))} controller(s)"
+            )
         wanted = " ".join(f"+{c}" for c in self.CONTROLLERS if c in available)
         _write(root / "cgroup.subtree_control", wanted)
         _write(self.root / "cgroup.subtree_control", wanted)

@@ -19,6 +19,7 @@ user namespace: guest root is host root with those capabilities removed.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -146,11 +147,11 @@ class LocalRuntime:
             image_id=image_id,
             parent=meta.get("parent"),  # type: ignore[arg-type]
             size_bytes=int(meta.get("size", 0)),  # type: ignore[call-overload]
-            host_binds=tuple(meta.get("host_binds", ())),  # type: ignore[call-overload]
+            host_binds=tuple(meta.get("host_binds", ())),  # type: ignore[arg-type]
             created_at=float(meta.get("created", 0)),  # type: ignore[arg-type]
         )
 
-    def _chain(self, image_id: str) -> list[ImageInfo]:
+    def _chain(self, image_id: str) -> builtins.list[ImageInfo]:
         """The image and its ancestors, top layer first."""
         chain: list[ImageInfo] = []
         current: str | None = image_id
@@ -191,8 +192,24 @@ class LocalRuntime:
                     os.symlink(os.readlink(host), rootfs / top)
                 elif host.is_dir():
                     binds.append(str(host))
-            for d in ("usr", "etc", "home", "root", "tmp", "var/tmp", "var/log", "var/cache",
-                      "var/lib", "opt", "mnt", "srv", "proc", "sys", "dev", "run"):
+            for d in (
+                "usr",
+                "etc",
+                "home",
+                "root",
+                "tmp",
+                "var/tmp",
+                "var/log",
+                "var/cache",
+                "var/lib",
+                "opt",
+                "mnt",
+                "srv",
+                "proc",
+                "sys",
+                "dev",
+                "run",
+            ):
                 (rootfs / d).mkdir(parents=True, exist_ok=True)
             os.chmod(rootfs / "tmp", 0o1777)
             os.chmod(rootfs / "var/tmp", 0o1777)
@@ -254,7 +271,8 @@ class LocalRuntime:
             children = [
                 p.name
                 for p in (self.root / "images").iterdir()
-                if not p.name.startswith(".") and p.name != image_id
+                if not p.name.startswith(".")
+                and p.name != image_id
                 and self._read_image_safe(p.name).get("parent") == image_id
             ]
             users = [s.sandbox_id for s in self.list() if image_id in self._chain_ids(s.image_id)]
@@ -268,9 +286,10 @@ class LocalRuntime:
             shutil.rmtree(tomb)
             return True
 
-    def list_images(self) -> list[str]:
+    def list_images(self) -> builtins.list[str]:
         return sorted(
-            p.name for p in (self.root / "images").iterdir()
+            p.name
+            for p in (self.root / "images").iterdir()
             if not p.name.startswith(".") and (p / "image.json").exists()
         )
 
@@ -280,7 +299,7 @@ class LocalRuntime:
         except ImageNotFound:
             return {}
 
-    def _chain_ids(self, image_id: str) -> list[str]:
+    def _chain_ids(self, image_id: str) -> builtins.list[str]:
         try:
             return [i.image_id for i in self._chain(image_id)]
         except ImageNotFound:
@@ -355,12 +374,14 @@ class LocalRuntime:
                     raise CreateRefused(f"cannot create sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
 
-    def _start(self, spec: SandboxSpec, chain: list[ImageInfo]) -> SandboxInfo:
+    def _start(self, spec: SandboxSpec, chain: builtins.list[ImageInfo]) -> SandboxInfo:
         d = self._sandbox_dir(spec.sandbox_id)
         for sub in ("upper", "work", "rootfs"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         self.cgroups.create(
-            spec.sandbox_id, cpu_count=spec.cpu_count, memory_mb=spec.memory_mb,
+            spec.sandbox_id,
+            cpu_count=spec.cpu_count,
+            memory_mb=spec.memory_mb,
             pids_max=spec.pids_max,
         )
         binds = [b for info in chain for b in info.host_binds]
@@ -390,7 +411,7 @@ class LocalRuntime:
         _write_json(d / "state.json", state)  # the commit point: from here it exists
         return self._info(state)
 
-    def _daemon_create(self, request: list[str]) -> int:
+    def _daemon_create(self, request: builtins.list[str]) -> int:
         payload = b"".join(item.encode() + b"\0" for item in request) + b"\0"
         sock_path = build.ensure_daemon(self.root)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -432,7 +453,7 @@ class LocalRuntime:
             raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
         return self._info(state)
 
-    def list(self) -> list[SandboxInfo]:
+    def list(self) -> builtins.list[SandboxInfo]:
         out = []
         for p in sorted((self.root / "sandboxes").iterdir()):
             if p.name.startswith("."):
@@ -520,7 +541,7 @@ class LocalRuntime:
     def exec(
         self,
         sandbox_id: str,
-        argv: list[str],
+        argv: builtins.list[str],
         *,
         uid: int = 0,
         gid: int = 0,
@@ -532,15 +553,25 @@ class LocalRuntime:
         data plane). A paused sandbox refuses: its processes could not run."""
         info = self._require(sandbox_id, SandboxState.RUNNING)
         cmd = [
-            str(build.ensure_binary(self.root)), "exec", str(info.init_pid),
-            ",".join(self.cgroups.procs_files(sandbox_id)), str(uid), str(gid), cwd, "--", *argv,
+            str(build.ensure_binary(self.root)),
+            "exec",
+            str(info.init_pid),
+            ",".join(self.cgroups.procs_files(sandbox_id)),
+            str(uid),
+            str(gid),
+            cwd,
+            "--",
+            *argv,
         ]
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root" if uid == 0 else "/home/user", "LANG": "C.UTF-8"}
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root" if uid == 0 else "/home/user",
+            "LANG": "C.UTF-8",
+        }
         proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=env)
         return ExecResult(proc.returncode, proc.stdout, proc.stderr)
 
-    def reap_orphans(self) -> list[str]:
+    def reap_orphans(self) -> builtins.list[str]:
         """Remove what no live sandbox owns: groups without a sandbox, sandboxes whose init
         died, directories a crashed creator left half-made. Safe beside running creates
         (an id whose lock is held is skipped)."""

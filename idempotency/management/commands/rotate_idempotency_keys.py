@@ -23,7 +23,8 @@ class Command(BaseCommand):
             with transaction.atomic():
                 batch = list(
                     IdempotencyRecord.objects.select_for_update(skip_locked=True)
-                    .filter(pk__gt=last).order_by("pk")[:1000]
+                    .filter(pk__gt=last)
+                    .order_by("pk")[:1000]
                 )
                 if not batch:
                     break
@@ -31,7 +32,9 @@ class Command(BaseCommand):
                     record.request_encrypted = crypto.rotate(record.request_encrypted)
                     fields = ["request_encrypted"]
                     if record.response_body_encrypted is not None:
-                        record.response_body_encrypted = crypto.rotate(record.response_body_encrypted)
+                        record.response_body_encrypted = crypto.rotate(
+                            record.response_body_encrypted
+                        )
                         fields.append("response_body_encrypted")
                     record.save(update_fields=fields)
                 last = batch[-1].pk

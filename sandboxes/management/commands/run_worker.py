@@ -37,7 +37,9 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
         parser.add_argument("--once", action="store_true", help="run one full tick and exit")
         parser.add_argument(
-            "--stale-after", type=float, default=30.0,
+            "--stale-after",
+            type=float,
+            default=30.0,
             help="seconds after which a transitional state counts as abandoned",
         )
 
