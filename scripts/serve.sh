@@ -57,13 +57,16 @@ export E2B_API_KEY=$key
 
 MSG
 
-# Lifecycle worker: once `manage.py run_worker` exists, start it beside gunicorn and stop it
-# with us, e.g. replace the exec below with:
-#   "$python" manage.py run_worker &
-#   worker_pid=$!
-#   trap 'kill "$worker_pid" 2>/dev/null || true' EXIT
-#   .venv/bin/gunicorn ... (same arguments, without exec, so the trap runs)
-exec .venv/bin/gunicorn e2bfacade.wsgi \
+# The lifecycle worker (timeouts, abandoned transitions, reconciliation) runs beside
+# gunicorn and stops with it: SIGTERM lets each finish what it is doing.
+"$python" manage.py run_worker &
+worker_pid=$!
+echo "lifecycle worker started (pid $worker_pid)" >&2
+.venv/bin/gunicorn e2bfacade.wsgi \
     --bind 127.0.0.1:3000 \
     --workers "$workers" \
-    --access-logfile -
+    --access-logfile - &
+gunicorn_pid=$!
+trap 'kill -TERM "$gunicorn_pid" "$worker_pid" 2>/dev/null || true' INT TERM EXIT
+# Whichever stops first takes the other down with it.
+wait -n "$gunicorn_pid" "$worker_pid" || true
