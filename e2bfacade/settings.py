@@ -32,6 +32,16 @@ def _positive_int(name: str, default: int) -> int:
     return value
 
 
+def _seconds(name: str, default: float) -> float:
+    try:
+        value: float = env.float(name, default=default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, got {env.str(name)!r}") from exc
+    if not 0 <= value <= 3600:
+        raise ImproperlyConfigured(f"{name} must be between 0 and 3600 seconds, got {value}")
+    return value
+
+
 DEBUG = env.bool("DEBUG", default=False)
 # A local run needs no secret; production sets SECRET_KEY (the serve script generates one
 # into .env on first start so that sessions survive restarts).
@@ -147,7 +157,7 @@ IDEMPOTENCY_TTL_SECONDS = _positive_int("IDEMPOTENCY_TTL_SECONDS", 86400)
 IDEMPOTENCY_LEASE_SECONDS = _positive_int("IDEMPOTENCY_LEASE_SECONDS", 30)
 # How long a request that finds its key in progress waits for the original to finish before
 # answering 409 idempotency_in_progress (E2B answers at once; waiting lets retries converge).
-IDEMPOTENCY_WAIT_SECONDS = env.float("IDEMPOTENCY_WAIT_SECONDS", default=5.0)
+IDEMPOTENCY_WAIT_SECONDS = _seconds("IDEMPOTENCY_WAIT_SECONDS", 5.0)
 # Takeovers allowed before a key whose every attempt died answers 422 outcome unknown.
 IDEMPOTENCY_MAX_ATTEMPTS = _positive_int("IDEMPOTENCY_MAX_ATTEMPTS", 5)
 IDEMPOTENCY_ENCRYPTION_KEYS = env.list("IDEMPOTENCY_ENCRYPTION_KEYS", default=[])

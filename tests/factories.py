@@ -34,3 +34,47 @@ class ApiKeyFactory(DjangoModelFactory[ApiKey]):
         key, raw = api_key_create(team=kwargs["team"], name=kwargs["name"])
         key.raw = raw  # type: ignore[attr-defined]
         return key
+
+
+# --- sandboxes and templates (appended for tests/api) ---------------------------------
+# Imported here, not at the top, so this section can be appended without touching the rest.
+from datetime import timedelta  # noqa: E402
+
+from django.utils import timezone  # noqa: E402
+
+from sandboxes.models import Sandbox  # noqa: E402
+from templates.models import Template  # noqa: E402
+
+
+class TemplateFactory(DjangoModelFactory[Template]):
+    """A team's template. Its runtime image is ``base`` by default, so a sandbox started
+    from it really runs on the local runtime."""
+
+    class Meta:
+        model = Template
+
+    template_id = factory.Sequence(lambda n: f"tpl{n:017d}")
+    team = factory.SubFactory(TeamFactory)
+    alias = factory.Sequence(lambda n: f"template-{n}")
+    kind = Template.Kind.TEMPLATE
+    image_id = "base"
+
+
+class SandboxFactory(DjangoModelFactory[Sandbox]):
+    """A sandbox row only: nothing runs in the runtime. Use it for reads (lists, filters,
+    tenancy); drive the runtime through the API instead."""
+
+    class Meta:
+        model = Sandbox
+
+    team = factory.SubFactory(TeamFactory)
+    template = factory.SubFactory(TemplateFactory, team=factory.SelfAttribute("..team"))
+    alias = factory.LazyAttribute(lambda o: o.template.alias or "")
+    state = Sandbox.State.RUNNING
+    started_at = factory.LazyFunction(timezone.now)
+    state_changed_at = factory.LazyAttribute(lambda o: o.started_at)
+    end_at = factory.LazyAttribute(lambda o: o.started_at + timedelta(seconds=300))
+    cpu_count = 2
+    memory_mb = 512
+    disk_size_mb = 1024
+    envd_version = "0.2.4"
