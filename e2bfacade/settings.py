@@ -36,7 +36,9 @@ def _seconds(name: str, default: float) -> float:
     try:
         value: float = env.float(name, default=default)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be a number of seconds, got {env.str(name)!r}") from exc
+        raise ImproperlyConfigured(
+            f"{name} must be a number of seconds, got {env.str(name)!r}"
+        ) from exc
     if not 0 <= value <= 3600:
         raise ImproperlyConfigured(f"{name} must be between 0 and 3600 seconds, got {value}")
     return value
@@ -56,6 +58,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "e2bfacade",
     "templates",
     "sandboxes",
@@ -67,6 +71,8 @@ MIDDLEWARE = [
     # Outermost, so that it sees every error response any layer below produced.
     "e2bfacade.errors.ErrorShapeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's and the API docs' static files from gunicorn itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -131,6 +137,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# Without collectstatic (tests, a quick run) whitenoise finds files in the apps directly.
+WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["e2bfacade.auth.ApiKeyAuthentication"],
@@ -139,6 +147,23 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "e2bfacade.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "e2bfacade",
+    "DESCRIPTION": (
+        "An E2B-compatible sandbox control plane. Field names are exactly as on the wire; "
+        "every error body is {code, message, error_code?}."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],  # the schema and docs are public
+    "SWAGGER_UI_DIST": "SIDECAR",  # served from this host: no CDN needed
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
 }
 
 # --- sandboxes -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from e2bfacade.views import HealthView
 
@@ -17,6 +18,8 @@ handler500 = "e2bfacade.errors.handler500"
 urlpatterns: list[URLPattern | URLResolver] = [
     path("admin/", admin.site.urls),
     path("health", HealthView.as_view(), name="health"),
+    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
     path("", include("sandboxes.urls")),
     path("", include("snapshots.urls")),
     path("", include("templates.urls")),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,5 +20,9 @@ class HealthView(APIView):
     authentication_classes = []
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        operation_id="health",
+        responses={200: inline_serializer("Health", {"status": serializers.CharField()})},
+    )
     def get(self, request: Request) -> Response:
         return Response({"status": "ok"})

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField, StringMapField
+from e2bfacade.schema import NULLABLE_STRING
 from sandboxes.models import CLIENT_ID, Sandbox
 from sandboxes.services import CreateRequest
 
@@ -178,9 +180,11 @@ class SandboxSerializer(serializers.Serializer[Sandbox]):
     def get_clientID(self, obj: Sandbox) -> str:
         return CLIENT_ID
 
+    @extend_schema_field(NULLABLE_STRING)
     def get_trafficAccessToken(self, obj: Sandbox) -> None:
         return None
 
+    @extend_schema_field(NULLABLE_STRING)
     def get_domain(self, obj: Sandbox) -> None:
         return None
 
@@ -215,6 +219,7 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     lifecycle = LifecycleSerializer(source="*")
     pauseMode = serializers.SerializerMethodField()
 
+    @extend_schema_field(NULLABLE_STRING)
     def get_domain(self, obj: Sandbox) -> None:
         return None
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from e2bfacade.auth import TeamPrincipal
 from e2bfacade.errors import BadRequest
+from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import services as idempotency
 from sandboxes import idempotent, selectors, services
 from sandboxes.serializers import (
@@ -57,18 +60,48 @@ class SandboxViewSet(viewsets.ViewSet):
             request, team=team_of(request), route=route, params={}, body=serializer.canonical()
         )
 
+    @extend_schema(
+        operation_id="createSandboxV2",
+        request=NewSandboxSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: SandboxSerializer, **errors(400, 404, 409, 422, 503)},
+    )
     def create_v2(self, request: Request) -> Any:
         return self._create(request, NewSandboxSerializer, idempotent.CREATE_V2)
 
+    @extend_schema(
+        operation_id="createSandbox",
+        request=NewSandboxV1Serializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: SandboxSerializer, **errors(400, 404, 409, 422, 503)},
+    )
     def create_v1(self, request: Request) -> Any:
         return self._create(request, NewSandboxV1Serializer, idempotent.CREATE_V1)
 
+    @extend_schema(
+        operation_id="listSandboxesV2",
+        parameters=[
+            OpenApiParameter("state", str, description="comma-separated: running,paused"),
+            OpenApiParameter("metadata", str, description="url-encoded k=v&k2=v2"),
+            OpenApiParameter("order", str, enum=["asc", "desc"]),
+            OpenApiParameter("startedAfter", OpenApiTypes.DATETIME),
+            OpenApiParameter("template", str),
+            OpenApiParameter("nextToken", str),
+            OpenApiParameter("limit", int, description="1-100, default 100"),
+        ],
+        responses={200: ListedSandboxSerializer(many=True), **errors(400)},
+    )
     def list_v2(self, request: Request) -> Response:
         query = selectors.parse_list_query(request.query_params.dict())
         rows, next_token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
         headers = {"X-Next-Token": next_token} if next_token else {}
         return Response(ListedSandboxSerializer(rows, many=True).data, headers=headers)  # type: ignore[arg-type]  # stubs don't model many=True
 
+    @extend_schema(
+        operation_id="listSandboxes",
+        parameters=[OpenApiParameter("metadata", str, description="url-encoded k=v&k2=v2")],
+        responses={200: ListedSandboxSerializer(many=True), **errors(400)},
+    )
     def list_v1(self, request: Request) -> Response:
         params = request.query_params.dict()
         query = selectors.parse_list_query(
@@ -83,14 +116,22 @@ class SandboxViewSet(viewsets.ViewSet):
             query = selectors.ListQuery(**{**query.__dict__, "next_token": token})
         return Response(ListedSandboxSerializer(rows, many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
 
+    @extend_schema(
+        operation_id="getSandbox", responses={200: SandboxDetailSerializer, **errors(404)}
+    )
     def retrieve(self, request: Request, sandbox_id: str) -> Response:
         sandbox = services.sandbox_get(team=team_of(request), sandbox_id=sandbox_id)
         return Response(SandboxDetailSerializer(sandbox).data)
 
+    @extend_schema(operation_id="killSandbox", responses={204: None, **errors(404, 503)})
     def destroy(self, request: Request, sandbox_id: str) -> Response:
         services.sandbox_kill(team=team_of(request), sandbox_id=sandbox_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(
+        request=ConnectSerializer,
+        responses={200: SandboxSerializer, 201: SandboxSerializer, **errors(400, 404, 409, 503)},
+    )
     def connect(self, request: Request, sandbox_id: str) -> Response:
         serializer = ConnectSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
@@ -102,6 +143,11 @@ class SandboxViewSet(viewsets.ViewSet):
             status=status.HTTP_201_CREATED if resumed else status.HTTP_200_OK,
         )
 
+    @extend_schema(
+        operation_id="resumeSandbox",
+        request=ResumeSerializer,
+        responses={201: SandboxSerializer, **errors(400, 404, 409, 503)},
+    )
     def resume(self, request: Request, sandbox_id: str) -> Response:
         serializer = ResumeSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
@@ -110,11 +156,21 @@ class SandboxViewSet(viewsets.ViewSet):
         )
         return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(
+        operation_id="pauseSandbox",
+        request=PauseSerializer,
+        responses={204: None, **errors(400, 404, 409, 503)},
+    )
     def pause(self, request: Request, sandbox_id: str) -> Response:
         PauseSerializer(data=body(request)).is_valid(raise_exception=True)
         services.sandbox_pause(team=team_of(request), sandbox_id=sandbox_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(
+        operation_id="setSandboxTimeout",
+        request=TimeoutBodySerializer,
+        responses={204: None, **errors(400, 404)},
+    )
     def set_timeout(self, request: Request, sandbox_id: str) -> Response:
         serializer = TimeoutBodySerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
@@ -125,6 +181,11 @@ class SandboxViewSet(viewsets.ViewSet):
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(
+        operation_id="refreshSandbox",
+        request=RefreshSerializer,
+        responses={204: None, **errors(400, 404)},
+    )
     def refresh(self, request: Request, sandbox_id: str) -> Response:
         serializer = RefreshSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
@@ -133,6 +194,11 @@ class SandboxViewSet(viewsets.ViewSet):
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(
+        operation_id="getSandboxMetrics",
+        parameters=[OpenApiParameter("start", int), OpenApiParameter("end", int)],
+        responses={200: MetricSerializer(many=True), **errors(400, 404)},
+    )
     def metrics(self, request: Request, sandbox_id: str) -> Response:
         query = MetricsQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)

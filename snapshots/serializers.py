@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from sandboxes.serializers import SandboxSerializer
 from templates.models import Template
 
 
@@ -47,3 +48,10 @@ class SnapshotListQuerySerializer(serializers.Serializer[Any]):
 class ForkRequestSerializer(serializers.Serializer[Any]):
     timeout = StrictIntegerField(required=False, min_value=1, default=15)
     count = StrictIntegerField(required=False, min_value=1, max_value=20, default=1)
+
+
+class ForkResultSerializer(serializers.Serializer[Any]):
+    """One entry per fork: a sandbox, or the error that stopped that one fork."""
+
+    sandbox = SandboxSerializer(required=False)
+    error = serializers.DictField(required=False)

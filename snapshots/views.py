@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import services as idempotency
 from sandboxes import idempotent
 from sandboxes.views import body, team_of
 from snapshots import selectors
 from snapshots.serializers import (
     ForkRequestSerializer,
+    ForkResultSerializer,
     SnapshotInfoSerializer,
     SnapshotListQuerySerializer,
     SnapshotRequestSerializer,
@@ -22,6 +25,12 @@ from snapshots.serializers import (
 
 
 class SnapshotViewSet(viewsets.ViewSet):
+    @extend_schema(
+        operation_id="createSnapshot",
+        request=SnapshotRequestSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: SnapshotInfoSerializer, **errors(400, 404, 409, 422, 503)},
+    )
     def create(self, request: Request, sandbox_id: str) -> Any:
         serializer = SnapshotRequestSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
@@ -34,6 +43,11 @@ class SnapshotViewSet(viewsets.ViewSet):
             body=canonical,
         )
 
+    @extend_schema(
+        operation_id="listSnapshots",
+        parameters=[SnapshotListQuerySerializer],
+        responses={200: SnapshotInfoSerializer(many=True), **errors(400)},
+    )
     def list(self, request: Request) -> Response:
         query = SnapshotListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
@@ -48,6 +62,12 @@ class SnapshotViewSet(viewsets.ViewSet):
         headers = {"X-Next-Token": token} if token else {}
         return Response(SnapshotInfoSerializer(rows, many=True).data, headers=headers)  # type: ignore[arg-type]  # stubs don't model many=True
 
+    @extend_schema(
+        operation_id="forkSandbox",
+        request=ForkRequestSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: ForkResultSerializer(many=True), **errors(400, 404, 409, 422, 503)},
+    )
     def fork(self, request: Request, sandbox_id: str) -> Any:
         serializer = ForkRequestSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from e2bfacade.schema import NULLABLE_STRING
 from templates.models import Template
 
 
@@ -30,6 +32,7 @@ class TemplateSerializer(serializers.Serializer[Template]):
     def get_public(self, obj: Template) -> bool:
         return obj.team_id is None
 
+    @extend_schema_field(NULLABLE_STRING)
     def get_createdBy(self, obj: Template) -> None:
         return None
 
@@ -57,3 +60,8 @@ class TemplateWithBuildsSerializer(TemplateSerializer):
                 "envdVersion": obj.envd_version,
             }
         ]
+
+
+class TemplateAliasSerializer(serializers.Serializer[Any]):
+    templateID = serializers.CharField()
+    public = serializers.BooleanField()

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from django.db.models import Count, Max, QuerySet
+from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from e2bfacade.errors import ApiError, NotFound
+from e2bfacade.schema import errors
 from sandboxes.views import team_of
 from templates import services
 from templates.models import Template
-from templates.serializers import TemplateSerializer, TemplateWithBuildsSerializer
+from templates.serializers import (
+    TemplateAliasSerializer,
+    TemplateSerializer,
+    TemplateWithBuildsSerializer,
+)
 
 
 def _with_stats(qs: QuerySet[Template]) -> QuerySet[Template]:
@@ -19,10 +25,16 @@ def _with_stats(qs: QuerySet[Template]) -> QuerySet[Template]:
 
 
 class TemplateViewSet(viewsets.ViewSet):
+    @extend_schema(
+        operation_id="listTemplates", responses={200: TemplateSerializer(many=True), **errors()}
+    )
     def list(self, request: Request) -> Response:
         qs = Template.objects.visible_to(team_of(request).pk).filter(kind=Template.Kind.TEMPLATE)
         return Response(TemplateSerializer(_with_stats(qs).order_by("created_at"), many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
 
+    @extend_schema(
+        operation_id="getTemplate", responses={200: TemplateWithBuildsSerializer, **errors(404)}
+    )
     def retrieve(self, request: Request, template_id: str) -> Response:
         found = Template.objects.resolve(team_of(request).pk, template_id)
         if found is None or found.kind == Template.Kind.FORK:
@@ -30,10 +42,15 @@ class TemplateViewSet(viewsets.ViewSet):
         template = _with_stats(Template.objects.filter(pk=found.pk)).get()
         return Response(TemplateWithBuildsSerializer(template).data)
 
+    @extend_schema(operation_id="deleteTemplate", responses={204: None, **errors(400, 403, 404)})
     def destroy(self, request: Request, template_id: str) -> Response:
         services.template_delete(team=team_of(request), ref=template_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(
+        operation_id="getTemplateAlias",
+        responses={200: TemplateAliasSerializer, **errors(403, 404)},
+    )
     def alias(self, request: Request, alias: str) -> Response:
         """200 when the alias names a template the team can use; 403 when another team owns
         it; 404 when it is free."""

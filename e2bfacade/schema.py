@@ -1,0 +1,42 @@
+"""OpenAPI description helpers: the error shape and the X-API-Key scheme."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
+from rest_framework import serializers
+
+ErrorSerializer = inline_serializer(
+    name="Error",
+    fields={
+        "code": serializers.IntegerField(help_text="equal to the HTTP status"),
+        "message": serializers.CharField(),
+        "error_code": serializers.CharField(required=False),
+    },
+)
+
+
+def errors(*statuses: int) -> dict[int, OpenApiResponse]:
+    """The error responses of a route, all in E2B's error shape (plus 401, always)."""
+    return {s: OpenApiResponse(ErrorSerializer) for s in sorted({401, *statuses})}
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "e2bfacade.auth.ApiKeyAuthentication"
+    name = "ApiKeyAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    description="1-255 of a-z, 0-9, '-'; team-scoped; see the README's idempotency contract",
+)
+
+# A field E2B defines and this server always answers with null (e.g. ``domain``).
+NULLABLE_STRING = serializers.CharField(allow_null=True)
