@@ -136,7 +136,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = BASE_DIR / "staticfiles"  # filled by collectstatic (serve.sh)
 # Without collectstatic (tests, a quick run) whitenoise finds files in the apps directly.
 WHITENOISE_USE_FINDERS = True
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import parse_qsl
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.db.models.fields.json import KeyTextTransform
 from django.utils.dateparse import parse_datetime
 
@@ -90,7 +91,9 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
         state__in=[s for wire in query.states for s in WIRE_TO_STATES[wire]]
     )
     for i, (key, value) in enumerate(query.metadata):
-        qs = qs.annotate(**{f"_m{i}": KeyTextTransform(key, "metadata")}).filter(
+        # Cast: compared bare, SQLite would parse the value as JSON.
+        value_of_key = Cast(KeyTextTransform(key, "metadata"), TextField())
+        qs = qs.annotate(**{f"_m{i}": value_of_key}).filter(
             **{f"_m{i}": value}
         )
     if query.started_after is not None:

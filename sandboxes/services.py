@@ -227,12 +227,14 @@ def _claim(
                 Sandbox.objects.select_for_update()
                 .of_team(team.pk)
                 .filter(pk=sandbox_id)
-                .exclude(state__in=[State.KILLED, State.CREATING, State.KILLING])
+                .exclude(state__in=[State.KILLED, State.CREATING])
                 .first()
             )
             if row is None:
                 raise not_found(sandbox_id)
             previous = row.state
+            if previous == State.KILLING:
+                raise Conflict(f"sandbox {sandbox_id} is being killed")
             if previous in allowed:
                 row.state = allowed[previous]
                 row.state_changed_at = now

@@ -39,9 +39,10 @@ def team_of(request: Request) -> Any:
 
 
 def body(request: Request) -> dict[str, Any]:
-    """The JSON body, where an absent body counts as ``{}`` (several E2B bodies are optional)."""
+    """The JSON body; an absent body counts as ``{}`` (several E2B bodies are optional),
+    anything but an object is a 400."""
     data = request.data
-    if data is None or (hasattr(data, "__len__") and len(data) == 0):
+    if data is None:
         return {}
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")

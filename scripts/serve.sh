@@ -26,6 +26,7 @@ if ! grep -q '^SECRET_KEY=' .env 2>/dev/null; then
 fi
 
 "$python" manage.py migrate --no-input
+"$python" manage.py collectstatic --no-input -v0  # admin and /docs assets, served by whitenoise
 
 key=""
 if [[ -s .local-api-key ]]; then

@@ -50,8 +50,9 @@ class Command(BaseCommand):
             # Finish the tick in progress, then exit: a half-applied step is never left.
             self.stopping = True
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        if not options["once"]:  # a one-shot run (tests, cron) keeps the caller's handlers
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
         interval: float = options["interval"]
         stale_after = timedelta(seconds=options["stale_after"])
         tick = 0
