@@ -12,7 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -126,7 +127,10 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Json
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return _json_error(400, "bad request")
+    if isinstance(exception, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _json_error(413, f"request body exceeds the limit of {limit} bytes")
+    return _json_error(400, f"bad request: {exception}" if exception else "bad request")
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

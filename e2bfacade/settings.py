@@ -135,6 +135,9 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Request bodies: 1 MiB at most (the parser enforces the same limit and a nesting depth).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"  # filled by collectstatic (serve.sh)
 # Without collectstatic (tests, a quick run) whitenoise finds files in the apps directly.
@@ -144,7 +147,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["e2bfacade.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["e2bfacade.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "e2bfacade.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
