@@ -62,9 +62,7 @@ class StrictJSONParser(JSONParser):
             raise PayloadTooLarge()
         try:
             text = codecs.decode(raw, "utf-8")
-            data = json.loads(
-                text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants
-            )
+            data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
         except RecursionError:
             raise exceptions.ParseError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError included

@@ -71,6 +71,7 @@ MIDDLEWARE = [
     # Outermost, so that it sees every error response any layer below produced.
     "e2bfacade.errors.ErrorShapeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "e2bfacade.middleware.RejectNulMiddleware",
     # Serves the admin's and the API docs' static files from gunicorn itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

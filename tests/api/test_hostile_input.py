@@ -136,3 +136,21 @@ def test_hostile_sandbox_ids_are_a_404_in_shape(api_client: APIClient, sandbox_i
         response = api_client.generic(method, f"/sandboxes/{sandbox_id}{suffix}")
         assert response.status_code == 404, (method, suffix, response.content[:200])
         assert response.json()["code"] == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sandboxes/a%00b",
+        "/sandboxes/a%00b/pause",
+        "/templates/a%00b",
+        "/snapshots?sandboxID=a%00b",
+        "/v2/sandboxes?metadata=a%3D%00",
+        "/v2/sandboxes?template=%00",
+    ],
+)
+def test_a_nul_byte_anywhere_in_the_url_is_a_400(api_client: APIClient, path: str) -> None:
+    for method in ("GET", "POST", "DELETE"):
+        response = api_client.generic(method, path)
+        assert response.status_code == 400, (method, path, response.content[:200])
+        assert response.json() == {"code": 400, "message": "NUL bytes are not allowed in URLs"}
