@@ -56,7 +56,7 @@ class CreateRefused(SandboxRuntimeError):
 
 
 def check_id(value: str, what: str = "id") -> str:
-    if not isinstance(value, str) or not ID_PATTERN.match(value):
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise InvalidId(
             f"{what} {value!r} is not URL-safe: use 1-63 characters of letters, digits, "
             "'-' and '_', starting with a letter or digit"

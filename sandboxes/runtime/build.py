@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,18 +38,30 @@ def ensure_binary(root: Path) -> Path:
             "(scripts/setup.sh installs gcc and libc6-dev)"
         )
     binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_name(f".{binary.name}.{os.getpid()}")
-    # Static, so the helper never depends on the host's libc after an upgrade.
-    proc = subprocess.run(
-        [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeUnavailable(
-            f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}"
-        )
-    os.replace(tmp, binary)  # atomic: concurrent builders end with the same file
+    # One builder at a time (threads of one process too: each open() is its own lock), and
+    # a temp name no other builder uses; the rename then publishes a finished file only.
+    with open(binary.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists():
+            return binary
+        fd, tmp_name = tempfile.mkstemp(dir=binary.parent, prefix=f".{binary.name}.")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            # Static, so the helper never depends on the host's libc after an upgrade.
+            proc = subprocess.run(
+                [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE)],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise RuntimeUnavailable(
+                    f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}"
+                )
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, binary)
+        finally:
+            tmp.unlink(missing_ok=True)
     return binary
 
 

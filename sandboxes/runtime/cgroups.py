@@ -63,6 +63,10 @@ class Cgroups:
     def procs_files(self, sandbox_id: str) -> list[str]:
         raise NotImplementedError
 
+    def root_procs_files(self) -> list[str]:
+        """The hierarchies' root groups: always allowed to hold a process."""
+        raise NotImplementedError
+
     def exists(self, sandbox_id: str) -> bool:
         raise NotImplementedError
 
@@ -153,6 +157,9 @@ class CgroupsV1(Cgroups):
 
     def procs_files(self, sandbox_id: str) -> list[str]:
         return [str(d / "cgroup.procs") for d in self._dirs(sandbox_id).values()]
+
+    def root_procs_files(self) -> list[str]:
+        return [str(root.parent / "cgroup.procs") for root in self.roots.values()]
 
     def exists(self, sandbox_id: str) -> bool:
         return (self.roots["freezer"] / sandbox_id).is_dir()
@@ -252,6 +259,9 @@ class CgroupsV2(Cgroups):
 
     def procs_files(self, sandbox_id: str) -> list[str]:
         return [str(self._dir(sandbox_id) / "cgroup.procs")]
+
+    def root_procs_files(self) -> list[str]:
+        return [str(self.root.parent / "cgroup.procs")]
 
     def exists(self, sandbox_id: str) -> bool:
         return self._dir(sandbox_id).is_dir()

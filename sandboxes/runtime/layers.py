@@ -41,6 +41,20 @@ def _rootfs_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
     """tarfile's 'tar' filter (no absolute paths, nothing outside ``dest``, no link that
     leaves it) without its mode rewrite: a root file system needs its setuid bits."""
     checked = tarfile.tar_filter(member, dest_path)
+    if member.islnk():
+        # A hard link's target is another member: relative to the archive root, always.
+        linkname = member.linkname.lstrip("/")
+        root = os.path.realpath(dest_path)
+        target = os.path.realpath(os.path.join(root, linkname))
+        if os.path.commonpath([target, root]) != root:
+            raise tarfile.LinkOutsideDestinationError(member, target)
+        if not os.path.lexists(os.path.join(root, linkname)):
+            raise tarfile.TarError(f"hard link {member.name!r} to missing member {linkname!r}")
+        checked = checked.replace(linkname=linkname, deep=False)
+    if member.isdev() and not (member.ischr() and member.devmajor == member.devminor == 0):
+        # Only overlay whiteouts (0/0); a real device node would bypass the guest's
+        # missing CAP_MKNOD.
+        raise tarfile.SpecialFileError(member)
     return checked.replace(mode=member.mode, deep=False)
 
 

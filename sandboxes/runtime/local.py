@@ -25,9 +25,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -70,6 +72,7 @@ HOST_ETC_COPIES = (
     "debian_version",
 )
 GUEST_USER_UID = 1000
+HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 
 
 def _proc_starttime(pid: int) -> int | None:
@@ -107,6 +110,8 @@ class LocalRuntime:
         for sub in ("images", "sandboxes", "locks", "run", "bin"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
+        os.chmod(root / "images", 0o700)
+        os.chmod(root / "sandboxes", 0o700)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
         self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
@@ -253,14 +258,21 @@ class LocalRuntime:
         def make(tmp: Path) -> dict[str, object]:
             layers.extract_layer(Path(tar_path), tmp / "rootfs")
             # Mount points the runtime needs, made here so they never land in a sandbox's
-            # writable layer (and so in its snapshots).
+            # writable layer (and so in its snapshots). Never through a symlink: the
+            # archive's links point into the guest's tree, not the host's.
             for d in ("proc", "sys", "dev", "run", "tmp", "home/user"):
-                (tmp / "rootfs" / d).mkdir(parents=True, exist_ok=True)
+                p = tmp / "rootfs"
+                for part in Path(d).parts:
+                    p = p / part
+                    if p.is_symlink() or (p.exists() and not p.is_dir()):
+                        raise CreateRefused(f"/{d} in {tar_path!r} is not a directory")
+                    if not p.exists():
+                        p.mkdir()
             return {"parent": None, "host_binds": []}
 
         try:
             return self._publish_image(image_id, make)
-        except (OSError, ValueError) as exc:  # tarfile errors are ValueError subclasses
+        except (OSError, ValueError, tarfile.TarError) as exc:
             raise CreateRefused(f"cannot import {tar_path!r}: {exc}") from exc
 
     def delete_image(self, image_id: str) -> bool:
@@ -348,6 +360,8 @@ class LocalRuntime:
         ):
             if not low <= value <= high:
                 raise CreateRefused(f"{name} must be between {low} and {high}, got {value}")
+        if spec.hostname and not HOSTNAME_PATTERN.fullmatch(spec.hostname):
+            raise CreateRefused(f"hostname {spec.hostname!r} is not a valid host name")
         with self._locked("sandbox", spec.sandbox_id):
             state = self._state(spec.sandbox_id)
             if state is not None:
@@ -392,6 +406,7 @@ class LocalRuntime:
             f"work={d / 'work'}",
             f"hostname={spec.hostname or spec.sandbox_id}",
             *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
+            *(f"leave={p}" for p in self.cgroups.root_procs_files()),
             *(f"bind={b}:{b}" for b in binds),
         ]
         pid = self._daemon_create(request)
@@ -412,6 +427,8 @@ class LocalRuntime:
         return self._info(state)
 
     def _daemon_create(self, request: builtins.list[str]) -> int:
+        if any("\0" in item for item in request):  # NUL separates items on the wire
+            raise CreateRefused("a launch parameter contains a NUL byte")
         payload = b"".join(item.encode() + b"\0" for item in request) + b"\0"
         sock_path = build.ensure_daemon(self.root)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -568,8 +585,20 @@ class LocalRuntime:
             "HOME": "/root" if uid == 0 else "/home/user",
             "LANG": "C.UTF-8",
         }
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=env)
-        return ExecResult(proc.returncode, proc.stdout, proc.stderr)
+        with subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        ) as proc:
+            try:
+                out, err = proc.communicate(stdin, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.terminate()  # sandboxd forwards it to the command's process group
+                try:
+                    proc.communicate(timeout=1)
+                except subprocess.TimeoutExpired:
+                    proc.kill()  # the command dies with it (PR_SET_PDEATHSIG)
+                    proc.communicate()
+                raise
+        return ExecResult(proc.returncode, out, err)
 
     def reap_orphans(self) -> builtins.list[str]:
         """Remove what no live sandbox owns: groups without a sandbox, sandboxes whose init

@@ -21,6 +21,7 @@
  * Create requests are NUL-separated "key=value" strings ended by an empty string:
  *   rootfs=DIR lower=A:B upper=DIR work=DIR hostname=NAME cgroup=PROCS_FILE (repeatable)
  *   bind=SRC:DST (read-only host bind, repeatable)
+ *   leave=PROCS_FILE (repeatable: where the handler moves itself once the init runs)
  * The reply is one line: "OK <host pid of init>" or "ERR <step>: <reason>".
  */
 #define _GNU_SOURCE
@@ -117,6 +118,8 @@ struct create_req {
     int ncgroups;
     const char *binds[MAX_ITEMS];
     int nbinds;
+    const char *leave[MAX_ITEMS];
+    int nleave;
 };
 
 static int report_fd = -1;
@@ -135,6 +138,24 @@ static void __attribute__((noreturn)) fail(const char *step, const char *fmt, ..
 
 static void mkdir_p_in(const char *path, mode_t mode) {
     if (mkdir(path, mode) != 0 && errno != EEXIST) fail("mkdir", "%s: %s", path, strerror(errno));
+}
+
+/* The guest owns its tree: a mount point it replaced with a symlink (a snapshot whose /tmp
+ * links to /etc/shadow) must never be followed on the host before pivot_root. */
+static void require_dir_or_absent(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf;; p++) {
+        if (*p == '/' || *p == 0) {
+            char saved = *p;
+            *p = 0;
+            struct stat st;
+            if (lstat(buf, &st) == 0 && !S_ISDIR(st.st_mode))
+                fail("mountpoint", "/%s is not a directory", buf);
+            *p = saved;
+            if (saved == 0) break;
+        }
+    }
 }
 
 static void mount_or_fail(const char *src, const char *dst, const char *type, unsigned long flags,
@@ -170,18 +191,15 @@ static void loopback_up(void) {
 }
 
 /* Runs as PID 1 of the new pid namespace, inside the new mount namespace. */
-static void __attribute__((noreturn)) sandbox_init(struct create_req *r, int go_fd) {
-    char c;
-    if (read(go_fd, &c, 1) != 1) _exit(1); /* the handler could not place us in the cgroups */
-    close(go_fd);
-
+static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     char opts[REQ_MAX];
     snprintf(opts, sizeof opts,
              "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,index=off,metacopy=off",
              r->lower, r->upper, r->work);
-    mount_or_fail("overlay", r->rootfs, "overlay", 0, opts);
+    /* nodev: a device node in a template or snapshot is never a way around CAP_MKNOD. */
+    mount_or_fail("overlay", r->rootfs, "overlay", MS_NODEV, opts);
     if (chdir(r->rootfs) != 0) fail("chdir", "%s: %s", r->rootfs, strerror(errno));
 
     for (int i = 0; i < r->nbinds; i++) {
@@ -192,13 +210,19 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r, int go_
         *colon = 0;
         const char *dst = colon + 1;
         while (*dst == '/') dst++;
+        require_dir_or_absent(dst);
         mkdir_p_in(dst, 0755);
         bind_readonly(spec, dst, MS_NODEV);
     }
 
     const char *dirs[] = {"proc", "sys", "dev", "tmp", "run"};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) mkdir_p_in(dirs[i], 0755);
-    chmod("tmp", 01777);
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        require_dir_or_absent(dirs[i]);
+        mkdir_p_in(dirs[i], 0755);
+    }
+    int tmpfd = open("tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (tmpfd < 0 || fchmod(tmpfd, 01777) != 0) fail("chmod", "/tmp: %s", strerror(errno));
+    close(tmpfd);
 
     mount_or_fail("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     /* Global kernel knobs stay read-only (a writable core_pattern is a classic escape). */
@@ -262,6 +286,7 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "hostname")) r->hostname = v;
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
+        else if (!strcmp(item, "leave") && r->nleave < MAX_ITEMS) r->leave[r->nleave++] = v;
         else return -1;
     }
     if (off >= len) return -1; /* no terminating empty string */
@@ -306,8 +331,29 @@ static void __attribute__((noreturn)) handle(int conn) {
         reply(conn, "ERR request: malformed");
         _exit(1);
     }
-    int go[2], rep[2];
-    if (pipe2(go, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0) {
+    /* Join the sandbox's cgroups before creating anything: the namespaces, the init and
+     * every page and task the guest ever makes are then charged to the sandbox, never to
+     * the daemon. (This handler leaves them again by exiting in a moment.) */
+    char pidstr[32];
+    snprintf(pidstr, sizeof pidstr, "%d", getpid());
+    for (int i = 0; i < r.ncgroups; i++) {
+        if (write_file(r.cgroups[i], pidstr) != 0) {
+            reply(conn, "ERR cgroup: %s: %s", r.cgroups[i], strerror(errno));
+            _exit(1);
+        }
+    }
+    /* Open the groups to leave now: once the init pivots the root of the mount namespace we
+     * share with it, the host's /sys is no longer reachable by path. */
+    int leave_fds[MAX_ITEMS];
+    for (int i = 0; i < r.nleave; i++) {
+        leave_fds[i] = open(r.leave[i], O_WRONLY | O_CLOEXEC);
+        if (leave_fds[i] < 0) {
+            reply(conn, "ERR cgroup: %s: %s", r.leave[i], strerror(errno));
+            _exit(1);
+        }
+    }
+    int rep[2];
+    if (pipe2(rep, O_CLOEXEC) != 0) {
         reply(conn, "ERR pipe: %s", strerror(errno));
         _exit(1);
     }
@@ -321,34 +367,24 @@ static void __attribute__((noreturn)) handle(int conn) {
         _exit(1);
     }
     if (child == 0) {
-        close(go[1]);
         close(rep[0]);
         close(conn);
         report_fd = rep[1];
-        sandbox_init(&r, go[0]);
+        sandbox_init(&r);
     }
-    close(go[0]);
     close(rep[1]);
-    /* Place PID 1 in the sandbox's cgroups before it does anything: every page and task it
-     * or its descendants create is then charged to the sandbox. */
-    char pidstr[32];
-    snprintf(pidstr, sizeof pidstr, "%d", child);
-    for (int i = 0; i < r.ncgroups; i++) {
-        if (write_file(r.cgroups[i], pidstr) != 0) {
-            int saved = errno;
-            kill(child, SIGKILL);
-            reply(conn, "ERR cgroup: %s: %s", r.cgroups[i], strerror(saved));
-            _exit(1);
-        }
-    }
-    if (write(go[1], "g", 1) != 1) {
-        kill(child, SIGKILL);
-        reply(conn, "ERR start: %s", strerror(errno));
-        _exit(1);
-    }
     char status[1100] = {0};
     ssize_t n = read(rep[0], status, sizeof status - 1);
     if (n == 2 && !memcmp(status, "OK", 2)) {
+        /* Step out of the sandbox's groups before answering, so that when the caller looks,
+         * the init is the sandbox's only process. What we were charged stays charged. */
+        for (int i = 0; i < r.nleave; i++) {
+            if (write(leave_fds[i], pidstr, strlen(pidstr)) < 0) {
+                kill(child, SIGKILL);
+                reply(conn, "ERR cgroup: leave %s: %s", r.leave[i], strerror(errno));
+                _exit(1);
+            }
+        }
         reply(conn, "OK %d", child);
         _exit(0);
     }
@@ -365,11 +401,33 @@ static void on_sigchld(int sig) {
     errno = saved;
 }
 
+static int serve(const char *sock_path);
+
+/* The keeper: a subreaper that does nothing but wait. The listener (which parses requests
+ * and so is the part that can crash) is its child; a sandbox's init, once its handler exits,
+ * is re-parented to the nearest subreaper, the keeper, so a crashed or killed listener never
+ * leaves sandboxes without a reaper. The keeper exits when it has no children left. */
 static int run_daemon(const char *sock_path) {
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
         perror("sandboxd: PR_SET_CHILD_SUBREAPER");
         return 1;
     }
+    pid_t listener = fork();
+    if (listener < 0) {
+        perror("sandboxd: fork");
+        return 1;
+    }
+    if (listener == 0) return serve(sock_path);
+    char title[256];
+    snprintf(title, sizeof title, "sandboxd-keeper %s", sock_path);
+    set_title(title);
+    signal(SIGPIPE, SIG_IGN);
+    while (wait(NULL) > 0 || errno == EINTR) {
+    }
+    return 0;
+}
+
+static int serve(const char *sock_path) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigchld;
@@ -425,7 +483,7 @@ static int run_daemon(const char *sock_path) {
 static pid_t exec_child = -1;
 
 static void forward_signal(int sig) {
-    if (exec_child > 0) kill(exec_child, sig);
+    if (exec_child > 0) kill(-exec_child, sig); /* the command and what it started */
 }
 
 static int run_exec(int argc, char **argv) {
@@ -479,16 +537,20 @@ static int run_exec(int argc, char **argv) {
         return 125;
     }
     if (child == 0) {
+        setpgid(0, 0);
         if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
             fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
             _exit(125);
         }
+        /* After setuid (which clears it): if this helper is SIGKILLed, the command dies too. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
         execvp(argv[8], argv + 8);
         fprintf(stderr, "sandboxd exec: %s: %s\n", argv[8], strerror(errno));
         _exit(127);
     }
     /* Forward termination to the command so a caller's timeout ends it. */
+    setpgid(child, child); /* also here: no race with the child's own setpgid */
     exec_child = child;
     signal(SIGTERM, forward_signal);
     signal(SIGINT, forward_signal);

@@ -1,0 +1,181 @@
+"""Latency and footprint of the local sandbox runtime, measured on this host.
+
+    sudo .venv/bin/python bench/runtime_bench.py [--n 100] [--idle 20]
+
+Runs ``--n`` iterations of create → pause → resume → snapshot → kill on a fresh temporary
+SANDBOX_ROOT and prints the median and p99 of each step in milliseconds; then starts
+``--idle`` idle sandboxes and prints the memory each one costs, both as charged to its
+cgroup and as the drop in the host's MemAvailable. Everything it made is removed at the end.
+Targets (DESIGN.md): create p50 ≤ 25 ms, pause/resume p50 ≤ 2 ms, kill p50 ≤ 10 ms,
+idle memory ≤ 4 MB (judged on the larger of the cgroup and MemAvailable figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sandboxes.runtime.base import SandboxSpec  # noqa: E402
+from sandboxes.runtime.cgroups import CgroupsV1  # noqa: E402
+from sandboxes.runtime.local import LocalRuntime  # noqa: E402
+
+MiB = 1024 * 1024
+OPS = ("create", "pause", "resume", "snapshot", "kill")
+TARGETS_MS = {"create": 25.0, "pause": 2.0, "resume": 2.0, "kill": 10.0}
+IDLE_TARGET_MB = 4.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: with 100 samples, p99 is the second largest."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, value = line.partition(":")
+        out[name] = int(value.split()[0]) * 1024
+    return out
+
+
+def kernel_bytes(info: dict[str, int]) -> int:
+    """Memory the kernel holds for processes and namespaces: slab, stacks, page tables."""
+    return info["Slab"] + info["KernelStack"] + info["PageTables"]
+
+
+def timed(fn, *args) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    fn(*args)
+    return (time.perf_counter() - start) * 1000
+
+
+def lifecycle(rt: LocalRuntime, n: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {op: [] for op in OPS}
+    for i in range(n):
+        sid, image = f"bench{i}", f"bench-snap{i}"
+        samples["create"].append(timed(rt.create, SandboxSpec(sid, "base", memory_mb=256)))
+        # A small change, so the snapshot archives something (not timed).
+        rt.exec(sid, ["sh", "-c", "echo state > /home/user/state"])
+        samples["pause"].append(timed(rt.pause, sid))
+        samples["resume"].append(timed(rt.resume, sid))
+        samples["snapshot"].append(timed(rt.snapshot, sid, image))
+        samples["kill"].append(timed(rt.kill, sid))
+        rt.delete_image(image)
+    return samples
+
+
+def idle_footprint(rt: LocalRuntime, count: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Per idle sandbox, in bytes: what its cgroup is charged (one value per sandbox), and
+    per round of ``count`` creates the host's MemAvailable drop and kernel-memory growth
+    divided by ``count`` (whole rounds, because one create moves MemAvailable by less than
+    the noise of everything else running on the host)."""
+    out: dict[str, list[float]] = {"cgroup": [], "available": [], "kernel": []}
+    for r in range(rounds):
+        ids = [f"idle{r}-{i}" for i in range(count)]
+        time.sleep(0.3)
+        before = meminfo()
+        for sid in ids:
+            rt.create(SandboxSpec(sid, "base", memory_mb=256))
+        time.sleep(0.3)  # let the freshly started inits settle
+        after = meminfo()
+        out["available"].append((before["MemAvailable"] - after["MemAvailable"]) / count)
+        out["kernel"].append((kernel_bytes(after) - kernel_bytes(before)) / count)
+        out["cgroup"] += [float(rt.metrics(sid).mem_used) for sid in ids]
+        for sid in ids:
+            rt.kill(sid)
+    return out
+
+
+def cleanup(rt: LocalRuntime) -> None:
+    for sid in {p.name for p in (rt.root / "sandboxes").iterdir()} | rt.cgroups.list_ids():
+        if not sid.startswith("."):
+            rt.kill(sid)
+    # The helper daemon this run started: the process whose command line names our socket.
+    marker = str(rt.root / "run").encode()
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    # The group parent(s) named after this root: one per controller on v1, one on v2.
+    cg = rt.cgroups
+    parents = list(cg.roots.values()) if isinstance(cg, CgroupsV1) else [cg.root]  # type: ignore[attr-defined]
+    time.sleep(0.05)
+    for parent in parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+    shutil.rmtree(rt.root, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100, help="lifecycle iterations (100)")
+    parser.add_argument("--idle", type=int, default=20, help="idle sandboxes to weigh (20)")
+    args = parser.parse_args()
+
+    rt = LocalRuntime(Path(tempfile.mkdtemp(prefix="e2bb-", dir="/tmp")))
+    try:
+        rt.ensure_base_image()
+        # Warm-up, not measured: compiles the helper, starts its daemon, warms the caches.
+        for i in range(3):
+            rt.create(SandboxSpec(f"warm{i}", "base"))
+            rt.kill(f"warm{i}")
+        samples = lifecycle(rt, args.n)
+        idle = idle_footprint(rt, args.idle)
+    finally:
+        cleanup(rt)
+
+    print(
+        f"local runtime, {args.n} iterations, cgroup v{rt.cgroups.version}, "
+        f"{os.cpu_count()} CPUs, kernel {os.uname().release}"
+    )
+    print(f"{'op':<10}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'target p50':>12}")
+    verdicts = []
+    for op in OPS:
+        p50, p99 = statistics.median(samples[op]), percentile(samples[op], 99)
+        target = TARGETS_MS.get(op)
+        mark = "" if target is None else ("ok" if p50 <= target else "MISSED")
+        if target is not None:
+            verdicts.append(p50 <= target)
+        print(
+            f"{op:<10}{p50:>10.2f}{p99:>10.2f}{max(samples[op]):>10.2f}"
+            f"{f'≤ {target:g} ms {mark}' if target else '':>12}"
+        )
+    cg_mb = statistics.median(idle["cgroup"]) / MiB
+    avail_mb = statistics.median(idle["available"]) / MiB
+    kernel_mb = statistics.median(idle["kernel"]) / MiB
+    print(
+        f"idle memory per sandbox ({args.idle} sandboxes x 3 rounds): cgroup usage median "
+        f"{cg_mb:.2f} MB (min {min(idle['cgroup']) / MiB:.2f}, max "
+        f"{max(idle['cgroup']) / MiB:.2f}); host MemAvailable drop median {avail_mb:.2f} MB "
+        f"(rounds: {', '.join(f'{v / MiB:.2f}' for v in idle['available'])}); host kernel "
+        f"memory (slab+stacks+page tables) median {kernel_mb:.2f} MB"
+    )
+    verdicts.append(max(cg_mb, avail_mb) <= IDLE_TARGET_MB)
+    med = {op: statistics.median(samples[op]) for op in OPS}
+    print(
+        f"SUMMARY create={med['create']:.1f}ms pause={med['pause']:.2f}ms "
+        f"resume={med['resume']:.2f}ms snapshot={med['snapshot']:.1f}ms kill={med['kill']:.1f}ms "
+        f"idle={cg_mb:.2f}MB(cgroup)/{avail_mb:.2f}MB(MemAvailable)/{kernel_mb:.2f}MB(kernel) "
+        f"targets={'met' if all(verdicts) else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

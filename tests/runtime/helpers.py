@@ -1,0 +1,146 @@
+"""Host-side probes shared by the runtime tests: they look at the host directly (procfs,
+cgroupfs, the file system), never through the runtime under test, so a runtime that lies
+about its own state is caught."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sandboxes.runtime import build
+from sandboxes.runtime.base import ExecResult
+from sandboxes.runtime.local import LocalRuntime
+
+V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
+MiB = 1024 * 1024
+
+
+def sh(rt: LocalRuntime, sandbox_id: str, script: str, **kwargs: object) -> ExecResult:
+    return rt.exec(sandbox_id, ["sh", "-c", script], **kwargs)  # type: ignore[arg-type]
+
+
+def ok(rt: LocalRuntime, sandbox_id: str, script: str, **kwargs: object) -> str:
+    """Run ``script`` in the sandbox, assert it succeeded and return its stdout."""
+    result = sh(rt, sandbox_id, script, **kwargs)
+    assert result.exit_code == 0, (script, result)
+    return result.stdout.decode()
+
+
+def cgroup_dirs(rt: LocalRuntime, sandbox_id: str) -> list[Path]:
+    """Where the sandbox's cgroups live on the host, derived from the cgroupfs layout rather
+    than from the driver's own bookkeeping."""
+    parent = rt.cgroups.parent_name
+    if rt.cgroups.version == 2:
+        return [Path("/sys/fs/cgroup") / parent / sandbox_id]
+    base = Path("/sys/fs/cgroup")
+    return [base / c / parent / sandbox_id for c in V1_CONTROLLERS if (base / c).is_dir()]
+
+
+def cgroup_file(rt: LocalRuntime, sandbox_id: str, controller: str, name: str) -> Path:
+    parent = rt.cgroups.parent_name
+    if rt.cgroups.version == 2:
+        return Path("/sys/fs/cgroup") / parent / sandbox_id / name
+    return Path("/sys/fs/cgroup") / controller / parent / sandbox_id / name
+
+
+def cgroup_pids(rt: LocalRuntime, sandbox_id: str) -> list[int]:
+    procs = cgroup_file(rt, sandbox_id, "freezer", "cgroup.procs")
+    try:
+        return [int(x) for x in procs.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time) of a host process, or None when no such pid exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def host_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 2.0, step: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def gone_or_reused(pid: int, start: int | None) -> bool:
+    """True when ``pid`` no longer names the process that started at ``start`` — not even
+    as a zombie."""
+    state = proc_state(pid)
+    return state is None or (start is not None and state[1] != start)
+
+
+def mounts_mentioning(path: Path) -> list[str]:
+    """Every mountinfo line, of any process on the host, that mentions ``path``."""
+    needle = str(path)
+    hits = []
+    for pid in ["self", *map(str, host_pids())]:
+        try:
+            text = Path(f"/proc/{pid}/mountinfo").read_text()
+        except OSError:
+            continue
+        hits += [f"{pid}: {line}" for line in text.splitlines() if needle in line]
+    return hits
+
+
+def daemon_pids(root: Path) -> list[int]:
+    """The sandboxd daemon(s) serving ``root``, found by the socket path on their command
+    line (argv: BINARY daemon SOCKET)."""
+    sock = str(build.socket_path(root)).encode()
+    return [p for p in host_pids() if cmdline(p)[1:3] == [b"daemon", sock]]
+
+
+def any_daemon_pids(root: Path) -> list[int]:
+    """Every helper process serving ``root``, whatever source hash it was built from and
+    whatever it calls itself: any process whose command line names a socket under it."""
+    prefix = str(root / "run" / "sandboxd-").encode()
+    return [p for p in host_pids() if any(prefix in arg for arg in cmdline(p))]
+
+
+def sigkill_and_reap(pid: int) -> None:
+    """SIGKILL a process this test run started (directly or through the runtime) and reap
+    it if it is our child, so no zombie of ours outlives the test."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_until(lambda: (proc_state(pid) or ("Z", 0))[0] == "Z", timeout=2)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def compile_static(source: str, out: Path) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(
+        ["gcc", "-static", "-O2", "-o", str(out), str(src)], check=True, capture_output=True
+    )
+    return out
