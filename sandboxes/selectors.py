@@ -7,8 +7,8 @@ from datetime import datetime
 from urllib.parse import parse_qsl
 
 from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils.dateparse import parse_datetime
 
 from e2bfacade.errors import BadRequest
@@ -93,9 +93,7 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
     for i, (key, value) in enumerate(query.metadata):
         # Cast: compared bare, SQLite would parse the value as JSON.
         value_of_key = Cast(KeyTextTransform(key, "metadata"), TextField())
-        qs = qs.annotate(**{f"_m{i}": value_of_key}).filter(
-            **{f"_m{i}": value}
-        )
+        qs = qs.annotate(**{f"_m{i}": value_of_key}).filter(**{f"_m{i}": value})
     if query.started_after is not None:
         qs = qs.filter(started_at__gt=query.started_after)
     if query.template:
