@@ -357,7 +357,10 @@ static void __attribute__((noreturn)) handle(int conn) {
         reply(conn, "ERR pipe: %s", strerror(errno));
         _exit(1);
     }
-    if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0) {
+    /* A cgroup namespace rooted at the sandbox's group: the guest sees "/" there, never the
+     * host's cgroup paths. Made after joining the groups, so that they are its root. */
+    if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID |
+                CLONE_NEWCGROUP) != 0) {
         reply(conn, "ERR namespaces: %s", strerror(errno));
         _exit(1);
     }
@@ -508,9 +511,10 @@ static int run_exec(int argc, char **argv) {
         }
     }
     /* Open every namespace first: once we enter the mount namespace /proc/PID is gone. */
-    const char *names[] = {"ipc", "uts", "net", "pid", "mnt"};
-    int fds[5];
-    for (int i = 0; i < 5; i++) {
+    const char *names[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt"};
+    enum { NNS = sizeof names / sizeof names[0] };
+    int fds[NNS];
+    for (int i = 0; i < NNS; i++) {
         char path[128];
         snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, names[i]);
         fds[i] = open(path, O_RDONLY | O_CLOEXEC);
@@ -519,7 +523,7 @@ static int run_exec(int argc, char **argv) {
             return 125;
         }
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < NNS; i++) {
         if (setns(fds[i], 0) != 0) {
             fprintf(stderr, "sandboxd exec: setns %s: %s\n", names[i], strerror(errno));
             return 125;

@@ -79,6 +79,13 @@ def test_guest_sees_none_of_the_host_processes(runtime: LocalRuntime, running: s
     assert ok(runtime, running, f"test -e /proc/{os.getpid()} || echo absent").strip() == "absent"
 
 
+def test_guest_sees_its_own_cgroup_as_the_root(runtime: LocalRuntime, running: str) -> None:
+    # Every hierarchy line reads "<n>:<controllers>:/": no host cgroup path leaks in.
+    lines = ok(runtime, running, "cat /proc/self/cgroup").split()
+    assert lines and all(line.rsplit(":", 1)[1] == "/" for line in lines), lines
+    assert running not in " ".join(lines)
+
+
 # ----------------------------------------------------------------------------- host files
 def test_guest_cannot_read_host_root(
     runtime: LocalRuntime, running: str, root_marker: Path
