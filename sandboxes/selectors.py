@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
@@ -44,7 +44,9 @@ def parse_metadata_filter(raw: str | None) -> tuple[tuple[str, str], ...]:
         raise BadRequest(
             f"metadata filter {raw!r} is not of the form key=value&key2=value2"
         ) from None
-    return tuple(pairs)
+    # Both SDKs percent-encode each key and value before form-encoding the whole filter, so
+    # after parse_qsl they are still encoded once.
+    return tuple((unquote(k), unquote(v)) for k, v in pairs)
 
 
 def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery:
@@ -95,7 +97,7 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
         value_of_key = Cast(KeyTextTransform(key, "metadata"), TextField())
         qs = qs.annotate(**{f"_m{i}": value_of_key}).filter(**{f"_m{i}": value})
     if query.started_after is not None:
-        qs = qs.filter(started_at__gt=query.started_after)
+        qs = qs.filter(started_at__gte=query.started_after)  # "at or after", as E2B says
     if query.template:
         qs = qs.filter(Q(template_id=query.template) | Q(template__alias=query.template))
     desc = query.order == "desc"

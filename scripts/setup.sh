@@ -12,6 +12,11 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`.
 # tar: template and snapshot archives. tini: the reaping PID 1 inside each sandbox.
 packages=(gcc libc6-dev tar tini)
+# node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
+# Node 20; Debian's own nodejs is only the fallback when none is installed.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    packages+=(nodejs npm)
+fi
 if ! command -v python3 >/dev/null; then
     packages+=(python3 python3-venv)
 elif [[ ! -x .venv/bin/python ]]; then
