@@ -47,7 +47,7 @@ from idempotency.registry import Operation, get_operation
 
 logger = logging.getLogger(__name__)
 
-KEY_PATTERN = re.compile(r"^[a-z0-9-]{1,255}$")
+KEY_PATTERN = re.compile(r"[a-z0-9-]{1,255}")
 CONTENT_TYPE = "application/json"
 REPLAY_HEADER = "Idempotent-Replayed"
 State = IdempotencyRecord.State
@@ -61,7 +61,7 @@ def parse_key(request: HttpRequest) -> str | None:
         return None
     if "," in raw:
         raise BadRequest("Idempotency-Key must be sent once", error_code="invalid_idempotency_key")
-    if not KEY_PATTERN.match(raw):
+    if not KEY_PATTERN.fullmatch(raw):
         raise BadRequest(
             "Idempotency-Key must be 1-255 characters of a-z, 0-9 and '-'",
             error_code="invalid_idempotency_key",

@@ -14,7 +14,7 @@ from e2bfacade.schema import NULLABLE_STRING
 from sandboxes.models import CLIENT_ID, Sandbox
 from sandboxes.services import CreateRequest
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_REFRESH_SECONDS = 3600
 
 
@@ -47,7 +47,7 @@ class NewSandboxSerializer(serializers.Serializer[Any]):
 
     def validate_envVars(self, value: dict[str, str] | None) -> dict[str, str] | None:
         for name in value or {}:
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise serializers.ValidationError(
                     f"{name!r} is not a valid environment variable name"
                 )
