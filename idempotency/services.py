@@ -38,9 +38,9 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from e2bfacade.errors import ApiError, BadRequest, NothingAllocated, error_body
+from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from idempotency import crypto
-from idempotency.failpoints import failpoint
 from idempotency.fingerprint import CURRENT_VERSION, fingerprint
 from idempotency.models import IdempotencyRecord
 from idempotency.registry import Operation, get_operation

@@ -26,8 +26,8 @@ from e2bfacade.errors import (
     NothingAllocated,
     ServiceUnavailable,
 )
+from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
-from idempotency.failpoints import failpoint
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.runtime import get_runtime

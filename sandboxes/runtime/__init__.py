@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from django.conf import settings
 
+from e2bfacade import failpoints
 from sandboxes.runtime.base import Runtime
 
 _lock = threading.Lock()
@@ -21,5 +23,29 @@ def get_runtime() -> Runtime:
         if key not in _runtimes:
             from sandboxes.runtime.local import LocalRuntime
 
-            _runtimes[key] = LocalRuntime(settings.SANDBOX_ROOT)
+            runtime: Runtime = LocalRuntime(settings.SANDBOX_ROOT)
+            if failpoints.enabled("runtime."):
+                runtime = FaultyRuntime(runtime)
+            _runtimes[key] = runtime
         return _runtimes[key]
+
+
+class FaultyRuntime:
+    """The runtime with failpoints around every operation (tests only: built only when
+    E2BFACADE_FAILPOINTS names a ``runtime.*`` point)."""
+
+    def __init__(self, inner: Runtime) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            failpoints.failpoint(f"runtime.{name}.before")
+            result = target(*args, **kwargs)
+            failpoints.failpoint(f"runtime.{name}.after")
+            return result
+
+        return call

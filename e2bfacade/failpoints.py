@@ -1,8 +1,11 @@
 """Fault injection for the exactly-once tests, off unless the environment asks for it.
 
 ``E2BFACADE_FAILPOINTS`` is a comma-separated list of ``name`` (SIGKILL this process when it
-reaches that point) or ``name=sleep:SECONDS`` (stall there, to play a slow original).
-Points: ``after_claim``, ``after_runtime_create``, ``before_complete``, ``after_complete``.
+reaches that point), ``name=sleep:SECONDS`` (stall there, to play a slow original) or
+``name=error`` (raise :class:`InjectedFault` there, to play a failing runtime).
+Points: ``after_claim``, ``after_runtime_create``, ``before_complete``, ``after_complete``,
+and around every runtime operation ``runtime.<op>.before`` / ``runtime.<op>.after`` (e.g.
+``runtime.pause.after=error``: the freeze happened, the caller is told it failed).
 With ``E2BFACADE_FAILPOINT_DIR`` set, each point fires once: the first process to reach it
 leaves a marker file there, so the retry gets through.
 """
@@ -13,18 +16,30 @@ import os
 import signal
 import time
 
+from sandboxes.runtime.base import RuntimeUnavailable
 
-def _parse(raw: str) -> dict[str, float | None]:
-    points: dict[str, float | None] = {}
+
+class InjectedFault(RuntimeUnavailable):
+    """The failure a ``name=error`` failpoint raises: a runtime error like any other."""
+
+
+def _parse(raw: str) -> dict[str, float | str | None]:
+    points: dict[str, float | str | None] = {}
     for item in filter(None, raw.split(",")):
         name, _, action = item.partition("=")
         if action.startswith("sleep:"):
             points[name] = float(action.removeprefix("sleep:"))
+        elif action == "error":
+            points[name] = "error"
         elif action:
             raise ValueError(f"E2BFACADE_FAILPOINTS: unknown action {action!r} for {name}")
         else:
             points[name] = None
     return points
+
+
+def enabled(prefix: str = "") -> bool:
+    return any(name.startswith(prefix) for name in _POINTS)
 
 
 _POINTS = _parse(os.environ.get("E2BFACADE_FAILPOINTS", ""))
@@ -40,8 +55,10 @@ def failpoint(name: str) -> None:
         except FileExistsError:
             return  # already fired once
         os.close(fd)
-    delay = _POINTS[name]
-    if delay is not None:
-        time.sleep(delay)
+    action = _POINTS[name]
+    if action == "error":
+        raise InjectedFault(f"injected fault at {name}")
+    if isinstance(action, float):
+        time.sleep(action)
         return
     os.kill(os.getpid(), signal.SIGKILL)
