@@ -61,3 +61,22 @@ def api_key_create(*, team: Team, name: str = "") -> tuple[ApiKey, str]:
     raw = API_KEY_PREFIX + secrets.token_hex(20)
     key = ApiKey.objects.create(team=team, name=name, key_hash=hash_api_key(raw), prefix=raw[:10])
     return key, raw
+
+
+class RateLimitWindow(models.Model):
+    """Requests a team made in one fixed window (see e2bfacade/throttling.py). A row per
+    (team, window start); old rows are deleted by the lifecycle worker."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    window_start = models.BigIntegerField()  # unix seconds
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "window_start"], name="ratelimit_team_window_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"team {self.team_id} @ {self.window_start}: {self.count}"

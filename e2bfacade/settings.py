@@ -152,6 +152,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "e2bfacade.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["e2bfacade.throttling.TeamRateThrottle"],
 }
 
 SPECTACULAR_SETTINGS = {
@@ -169,6 +170,17 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {},
 }
+
+# Per-team request rate: API_RATE_LIMIT requests per API_RATE_WINDOW_SECONDS (0: no limit).
+try:
+    API_RATE_LIMIT: int = env.int("API_RATE_LIMIT", default=6000)
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        f"API_RATE_LIMIT must be a whole number, got {env.str('API_RATE_LIMIT')!r}"
+    ) from exc
+API_RATE_WINDOW_SECONDS = _positive_int("API_RATE_WINDOW_SECONDS", 60)
+if API_RATE_LIMIT < 0:
+    raise ImproperlyConfigured(f"API_RATE_LIMIT must be 0 (off) or positive, got {API_RATE_LIMIT}")
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 from django.utils import timezone
 
+from e2bfacade.throttling import purge_windows
 from idempotency import services as idempotency
 from sandboxes import services
 from sandboxes.models import Sandbox
@@ -86,6 +87,7 @@ class Command(BaseCommand):
                 for sandbox_id in ids:
                     logger.info("reconcile: sandbox %s %s", sandbox_id, kind)
         if full or n % 60 == 0:
+            purge_windows()
             purged = idempotency.purge_expired()
             if purged:
                 logger.info("purged %d expired idempotency records", purged)
