@@ -38,6 +38,7 @@ def test_the_limit_is_per_team(limited: None, api_client: APIClient) -> None:
     assert other.get("/v2/sandboxes").status_code == 200
 
 
+@pytest.mark.django_db
 def test_unauthenticated_requests_are_not_counted(
     limited: None, anonymous_client: APIClient
 ) -> None:
