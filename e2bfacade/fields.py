@@ -59,3 +59,13 @@ class StringMapField(serializers.DictField):
                     f"keys must be 1-{self.max_key} characters without NUL"
                 )
         return super().to_internal_value(data)
+
+
+class NullMeansAbsent(serializers.Serializer[Any]):
+    """E2B treats ``null`` like an absent field: drop nulls before validating, so that a
+    field's default applies to both (and the idempotency fingerprint sees one form)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+        return super().to_internal_value(data)

@@ -9,7 +9,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField, StringMapField
+from e2bfacade.fields import (
+    NullMeansAbsent,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StringMapField,
+)
 from e2bfacade.schema import NULLABLE_STRING
 from sandboxes.models import CLIENT_ID, Sandbox
 from sandboxes.services import CreateRequest
@@ -18,11 +24,11 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_REFRESH_SECONDS = 3600
 
 
-class AutoResumeSerializer(serializers.Serializer[Any]):
+class AutoResumeSerializer(NullMeansAbsent):
     enabled = StrictBooleanField(required=False, default=False)
 
 
-class NewSandboxSerializer(serializers.Serializer[Any]):
+class NewSandboxSerializer(NullMeansAbsent):
     """``POST /v2/sandboxes`` (and v1 with another default timeout). Unknown fields are
     ignored, as E2B does. Fields this server cannot honour are refused by name: accepting
     them would be a silent lie about what the sandbox does."""
@@ -113,11 +119,11 @@ class NewSandboxV1Serializer(NewSandboxSerializer):
     timeout = StrictIntegerField(required=False, min_value=1, default=15)
 
 
-class TimeoutBodySerializer(serializers.Serializer[Any]):
+class TimeoutBodySerializer(NullMeansAbsent):
     timeout = StrictIntegerField(min_value=1)
 
 
-class ConnectSerializer(serializers.Serializer[Any]):
+class ConnectSerializer(NullMeansAbsent):
     default_timeout = 300
 
     timeout = StrictIntegerField(required=False, min_value=1)
@@ -138,7 +144,7 @@ class ResumeSerializer(ConnectSerializer):
     default_timeout = 15
 
 
-class PauseSerializer(serializers.Serializer[Any]):
+class PauseSerializer(NullMeansAbsent):
     memory = StrictBooleanField(required=False, allow_null=True)
     requireHealthyGuest = StrictBooleanField(required=False, allow_null=True)
 
@@ -151,7 +157,7 @@ class PauseSerializer(serializers.Serializer[Any]):
         return value
 
 
-class RefreshSerializer(serializers.Serializer[Any]):
+class RefreshSerializer(NullMeansAbsent):
     duration = StrictIntegerField(required=False, min_value=0, max_value=MAX_REFRESH_SECONDS)
 
     def duration_or_default(self) -> int:
@@ -159,7 +165,7 @@ class RefreshSerializer(serializers.Serializer[Any]):
         return max(self.validated_data.get("duration") or 0, 15)
 
 
-class MetricsQuerySerializer(serializers.Serializer[Any]):
+class MetricsQuerySerializer(NullMeansAbsent):
     start = serializers.IntegerField(required=False, min_value=0)
     end = serializers.IntegerField(required=False, min_value=0)
 

@@ -6,12 +6,17 @@ from typing import Any
 
 from rest_framework import serializers
 
-from e2bfacade.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from e2bfacade.fields import (
+    NullMeansAbsent,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+)
 from sandboxes.serializers import SandboxSerializer
 from templates.models import Template
 
 
-class SnapshotRequestSerializer(serializers.Serializer[Any]):
+class SnapshotRequestSerializer(NullMeansAbsent):
     name = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=128)
     memory = StrictBooleanField(required=False, allow_null=True)
 
@@ -38,14 +43,14 @@ class SnapshotInfoSerializer(serializers.Serializer[Template]):
     names = serializers.ListField(child=serializers.CharField())
 
 
-class SnapshotListQuerySerializer(serializers.Serializer[Any]):
+class SnapshotListQuerySerializer(NullMeansAbsent):
     sandboxID = serializers.CharField(required=False, max_length=64)
     name = serializers.CharField(required=False, max_length=128)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=100)
     nextToken = serializers.CharField(required=False, max_length=1024)
 
 
-class ForkRequestSerializer(serializers.Serializer[Any]):
+class ForkRequestSerializer(NullMeansAbsent):
     timeout = StrictIntegerField(required=False, min_value=1, default=15)
     count = StrictIntegerField(required=False, min_value=1, max_value=20, default=1)
 

@@ -21,8 +21,10 @@ class Command(BaseCommand):
         last = 0
         while True:
             with transaction.atomic():
+                # Wait for rows a claim holds (milliseconds) rather than skip them: a
+                # skipped record would stay under the old key and be lost with it.
                 batch = list(
-                    IdempotencyRecord.objects.select_for_update(skip_locked=True)
+                    IdempotencyRecord.objects.select_for_update()
                     .filter(pk__gt=last)
                     .order_by("pk")[:1000]
                 )
