@@ -104,6 +104,17 @@ class Cgroups:
             time.sleep(0.001)
         return not self.pids(sandbox_id)
 
+    def _freeze_and_kill(self, sandbox_id: str) -> None:
+        # Freeze first so no task can fork while we iterate, then kill, then thaw so the
+        # frozen tasks can act on SIGKILL (a frozen task only dies once it runs again).
+        self.freeze(sandbox_id)
+        for pid in self.pids(sandbox_id):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        self.thaw(sandbox_id)
+
     @staticmethod
     def _rmdir(path: Path) -> None:
         # A group whose last task is exiting can refuse rmdir with EBUSY for a moment.
@@ -191,17 +202,8 @@ class CgroupsV1(Cgroups):
             return False
 
     def kill_all(self, sandbox_id: str) -> None:
-        # Freeze first so no task can fork while we iterate, then kill, then thaw so the
-        # frozen tasks can act on SIGKILL (v1 delivers it only once they run again).
-        if not self.exists(sandbox_id):
-            return
-        self.freeze(sandbox_id)
-        for pid in self.pids(sandbox_id):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        self.thaw(sandbox_id)
+        if self.exists(sandbox_id):
+            self._freeze_and_kill(sandbox_id)
 
     def remove(self, sandbox_id: str) -> None:
         for d in self._dirs(sandbox_id).values():
@@ -299,13 +301,7 @@ class CgroupsV2(Cgroups):
         if (d / "cgroup.kill").exists():  # Linux 5.14+: atomic, frozen tasks included
             _write(d / "cgroup.kill", "1")
             return
-        self.freeze(sandbox_id)
-        for pid in self.pids(sandbox_id):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        self.thaw(sandbox_id)
+        self._freeze_and_kill(sandbox_id)
 
     def remove(self, sandbox_id: str) -> None:
         self._rmdir(self._dir(sandbox_id))
