@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from urllib.parse import parse_qsl, unquote
 
 from django.db.models import Q, QuerySet, TextField
@@ -61,9 +61,15 @@ def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery
         raise BadRequest(f"order must be asc or desc, got {order!r}")
     started_after = None
     if params.get("startedAfter"):
-        started_after = parse_datetime(params["startedAfter"].replace(" ", "+"))
-        if started_after is None or started_after.tzinfo is None:
-            raise BadRequest("startedAfter must be an RFC 3339 timestamp with a time zone")
+        try:
+            started_after = parse_datetime(params["startedAfter"].replace(" ", "+"))
+            if started_after is None or started_after.tzinfo is None:
+                raise ValueError
+            # In UTC: PostgreSQL refuses offsets beyond +-15:59, which RFC 3339 allows.
+            started_after = started_after.astimezone(UTC)
+        except (ValueError, OverflowError):
+            message = "startedAfter must be an RFC 3339 timestamp with a time zone"
+            raise BadRequest(message) from None
     limit = 100
     if paged and params.get("limit") not in (None, ""):
         try:

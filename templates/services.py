@@ -83,7 +83,10 @@ def template_delete(*, team: Team, ref: str) -> None:
     with transaction.atomic():
         # Lock first so no create can reserve a sandbox on it while we check and delete.
         template = template_resolve_owned(team=team, ref=ref)
-        template = Template.objects.select_for_update().get(pk=template.pk)
+        locked = Template.objects.select_for_update().filter(pk=template.pk).first()
+        if locked is None:  # a concurrent delete won the race
+            raise NotFound(f"template '{ref}' not found")
+        template = locked
         users = template.sandboxes.exclude(state="killed").count()
         if users:
             raise BadRequest(

@@ -317,3 +317,15 @@ def test_v1_list_shows_running_sandboxes_only_and_does_not_page(
     expected = {one_of_each_state[State.RUNNING].pk, one_of_each_state[State.RESUMING].pk}
     assert set(ids(response)) == expected | {s.pk for s in extra}
     assert {s["state"] for s in response.json()} == {"running"}
+
+
+@pytest.mark.parametrize(
+    "value", ["0323-02-14T19:45:50-17:08", "2026-01-01T00:00:00+23:59", "0001-01-01T00:00:00+01:00"]
+)
+def test_started_after_with_any_rfc3339_offset_is_answered_not_crashed(
+    api_client: APIClient, value: str
+) -> None:
+    response = api_client.get("/v2/sandboxes", {"startedAfter": value})
+
+    assert response.status_code in (200, 400)
+    assert response.json() == [] or response.json()["code"] == 400
