@@ -40,3 +40,25 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 
 # A field E2B defines and this server always answers with null (e.g. ``domain``).
 NULLABLE_STRING = serializers.CharField(allow_null=True)
+
+
+# URL kwargs are snake_case (Python), E2B's path parameters camelCase: the schema shows the
+# wire names, as E2B's own OpenAPI does (``/sandboxes/{sandboxID}``).
+WIRE_PATH_PARAMETERS = {"sandbox_id": "sandboxID", "template_id": "templateID"}
+
+
+def wire_path_parameters(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: rename path parameters to their wire names."""
+    paths: dict[str, Any] = {}
+    for path, item in result.get("paths", {}).items():
+        for python, wire in WIRE_PATH_PARAMETERS.items():
+            path = path.replace("{" + python + "}", "{" + wire + "}")
+        for operation in item.values():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                if parameter.get("in") == "path":
+                    parameter["name"] = WIRE_PATH_PARAMETERS.get(
+                        parameter["name"], parameter["name"]
+                    )
+        paths[path] = item
+    result["paths"] = paths
+    return result

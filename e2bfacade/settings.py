@@ -68,7 +68,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Outermost, so that it sees every error response any layer below produced.
+    # Request id, request metrics and the JSON request log line: outside everything, so it
+    # times the whole request and logs the final (already E2B-shaped) status.
+    "e2bfacade.observability.RequestObservabilityMiddleware",
+    # Outermost but one, so that it sees every error response any layer below produced.
     "e2bfacade.errors.ErrorShapeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "e2bfacade.middleware.RejectNulMiddleware",
@@ -164,6 +167,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_AUTHENTICATION": [],  # the schema and docs are public
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",  # the default
+        "e2bfacade.schema.wire_path_parameters",  # {sandboxID}, {templateID} as on the wire
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",  # served from this host: no CDN needed
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
@@ -206,6 +213,14 @@ IDEMPOTENCY_ENCRYPTION_KEYS = env.list("IDEMPOTENCY_ENCRYPTION_KEYS", default=[]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "e2bfacade.observability.JsonFormatter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"},
+        "json": {"class": "logging.StreamHandler", "formatter": "json"},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        # One JSON line per request (e2bfacade.observability); on stderr, like the rest.
+        "e2bfacade.request": {"handlers": ["json"], "level": "INFO", "propagate": False},
+    },
 }

@@ -1,24 +1,37 @@
-"""Views of the control plane itself (not of any resource)."""
+"""Views of the control plane itself (not of any resource): health, readiness, metrics."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
 from drf_spectacular.utils import extend_schema, inline_serializer
+from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from e2bfacade import observability
+from e2bfacade.errors import error_body
+
+logger = logging.getLogger(__name__)
+
 
 class HealthView(APIView):
     """``GET /health``: E2B has it and load balancers probe it, so it needs no API key.
 
     It deliberately checks nothing beyond "the process answers": a database outage must not
-    make an orchestrator restart every web worker at once.
+    make an orchestrator restart every web worker at once. Readiness is ``/health/ready``.
     """
 
     authentication_classes = []
     permission_classes = [AllowAny]
+    throttle_classes = []
 
     @extend_schema(
         operation_id="health",
@@ -26,3 +39,81 @@ class HealthView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response({"status": "ok"})
+
+
+def check_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+def check_runtime() -> None:
+    """The runtime can be built here (root, namespaces, cgroups, a usable SANDBOX_ROOT) and
+    read its images. Cheap: a directory listing; it does not start or compile sandboxd."""
+    from sandboxes.runtime import get_runtime
+
+    get_runtime().list_images()
+
+
+# Looked up by name at each request, so a test can replace one check.
+READINESS_CHECKS: dict[str, Callable[[], None]] = {
+    "database": check_database,
+    "runtime": check_runtime,
+}
+
+
+class ReadinessView(APIView):
+    """``GET /health/ready``: 200 when this process can serve sandbox requests (the database
+    answers ``SELECT 1`` and the sandbox runtime is usable), else 503 naming the failing
+    checks. For a load balancer's readiness probe; no API key.
+
+    The body names each check's outcome but never the exception text (this route is public);
+    the details go to the server log under the request's id."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+    throttle_classes = []
+
+    @extend_schema(
+        operation_id="healthReady",
+        responses={
+            200: inline_serializer(
+                "Readiness",
+                {"status": serializers.CharField(), "checks": serializers.DictField()},
+            ),
+            503: inline_serializer(
+                "NotReady",
+                {
+                    "code": serializers.IntegerField(),
+                    "message": serializers.CharField(),
+                    "checks": serializers.DictField(),
+                },
+            ),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        checks: dict[str, str] = {}
+        for name, check in READINESS_CHECKS.items():
+            try:
+                check()
+                checks[name] = "ok"
+            except Exception as exc:
+                checks[name] = f"failed: {type(exc).__name__}"
+                logger.warning(
+                    "readiness check %s failed (request %s)",
+                    name,
+                    getattr(request._request, "request_id", "-"),
+                    exc_info=True,
+                )
+        failed = [name for name, outcome in checks.items() if outcome != "ok"]
+        if failed:
+            body = error_body(503, f"not ready: {', '.join(failed)} check failed")
+            return Response({**body, "checks": checks}, status=503)
+        return Response({"status": "ok", "checks": checks})
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """``GET /metrics`` in Prometheus' text format. Unauthenticated, like /health: it holds
+    counts and timings, no ids or secrets; restrict it at the proxy in a public deployment."""
+    return HttpResponse(observability.scrape(), content_type=CONTENT_TYPE_LATEST)

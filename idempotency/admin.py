@@ -8,10 +8,14 @@ import re
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import ImproperlyConfigured
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
 
 from idempotency import crypto
 from idempotency.models import IdempotencyRecord
@@ -29,6 +33,24 @@ def redact(value: Any) -> Any:
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
+
+
+def record_link(*, team_id: int, resource_id: str) -> SafeString | str:
+    """A link to the idempotency record that reserved ``resource_id`` (the sandbox or
+    snapshot admin shows it): its page when there is one record, else the filtered list."""
+    pks = list(
+        IdempotencyRecord.objects.filter(team_id=team_id, resource_id=resource_id).values_list(
+            "pk", flat=True
+        )[:2]
+    )
+    if not pks:
+        return "— (made without an Idempotency-Key)"
+    if len(pks) == 1:
+        url = reverse("admin:idempotency_idempotencyrecord_change", args=[pks[0]])
+    else:
+        changelist = reverse("admin:idempotency_idempotencyrecord_changelist")
+        url = f"{changelist}?{urlencode({'resource_id': resource_id})}"
+    return format_html('<a href="{}" id="idempotency-record-link">idempotency record</a>', url)
 
 
 class ExpiredFilter(admin.SimpleListFilter):
@@ -56,10 +78,13 @@ class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
         "state",
         "resource_id",
         "attempt",
+        "lease_owner",
+        "lease_expires_at",
         "response_status",
         "created_at",
         "expired",
     ]
+    list_select_related = ["team"]
     list_filter = ["state", "route", "team", ExpiredFilter, "expires_at"]
     search_fields = ["key", "resource_id"]
     date_hierarchy = "created_at"
@@ -77,7 +102,8 @@ class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
         "created_at",
         "completed_at",
         "expires_at",
-        "expired",
+        "retention",
+        "resource",
         "response_status",
         "response_content_type",
         "stored_request",
@@ -89,10 +115,40 @@ class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
     def expired(self, obj: IdempotencyRecord) -> bool:
         return obj.expires_at <= timezone.now()
 
+    @admin.display(description="retention")
+    def retention(self, obj: IdempotencyRecord) -> SafeString:
+        if obj.expires_at <= timezone.now():
+            return format_html(
+                '<strong class="expired" style="color:#ba2121">EXPIRED</strong> since {} — the '
+                "key may be used for a new request; the record is purgeable",
+                f"{obj.expires_at:%Y-%m-%d %H:%M:%S} UTC",
+            )
+        return format_html(
+            '<span class="live">live</span> until {}', f"{obj.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+
+    @admin.display(description="resource")
+    def resource(self, obj: IdempotencyRecord) -> SafeString | str:
+        """The sandbox or snapshot this key reserved, linked when it exists."""
+        from sandboxes.models import Sandbox
+        from snapshots.models import Snapshot
+
+        if Sandbox.objects.filter(pk=obj.resource_id).exists():
+            url = reverse("admin:sandboxes_sandbox_change", args=[obj.resource_id])
+        elif Snapshot.objects.filter(pk=obj.resource_id, kind=Snapshot.Kind.SNAPSHOT).exists():
+            url = reverse("admin:snapshots_snapshot_change", args=[obj.resource_id])
+        else:
+            return obj.resource_id
+        return format_html('<a href="{}">{}</a>', url, obj.resource_id)
+
     def _decrypted(self, blob: bytes | memoryview | None) -> str:
         if blob is None:
             return "—"
-        raw = crypto.decrypt(blob)
+        try:
+            raw = crypto.decrypt(blob)
+        except ImproperlyConfigured as exc:
+            # One record encrypted under a key since removed must not break its page.
+            return f"<cannot be decrypted: {exc}>"
         try:
             return json.dumps(redact(json.loads(raw)), indent=2)
         except ValueError:

@@ -21,6 +21,7 @@ and a retry can take over at once instead of waiting out the lease.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -37,6 +38,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
+from e2bfacade import observability
 from e2bfacade.errors import ApiError, BadRequest, NothingAllocated, error_body
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
@@ -121,17 +123,29 @@ def _advisory(fn: str, record_pk: int) -> bool:
 
 
 def _owner_alive(record: IdempotencyRecord, now: Any) -> bool:
-    """Caller holds the record's row lock, so no other claimer races this check."""
-    if record.lease_expires_at <= now:
-        return False
+    """Whether the record's owner is still working on it.
+
+    On PostgreSQL the owner's session advisory lock decides: it is held exactly as long as
+    the owner's process (and so its connection) lives, so a dead owner is taken over at once
+    and a slow but live one is never raced. Elsewhere (SQLite) the time-based lease decides.
+    Safe without the row lock: a claim takes the advisory lock before its record is visible.
+    """
     if connection.vendor != "postgresql":
-        return True  # the time-based lease alone decides
-    # The lease has time left, but a free advisory lock proves the owner died: its
-    # connection, and so its lock, went with it.
+        return bool(record.lease_expires_at > now)
     if _advisory("pg_try_advisory_lock", record.pk):
         _advisory("pg_advisory_unlock", record.pk)
         return False
     return True
+
+
+def _same_request(record: IdempotencyRecord, op: Operation, fp_for: Any) -> bool:
+    """Compare under the record's own fingerprint version; a version this release does not
+    know (written by a newer one) cannot be shown equal, so it is a mismatch, not a crash."""
+    version = record.fingerprint.split(":", 1)[0]
+    try:
+        return bool(record.route == op.route and record.fingerprint == fp_for(version))
+    except ValueError:
+        return False
 
 
 # ------------------------------------------------------------------------------- claim
@@ -193,16 +207,20 @@ def _claim(
                     team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
                 )
             else:
-                version = record.fingerprint.split(":", 1)[0]
-                if record.route != op.route or record.fingerprint != fp_for(version):
+                if not _same_request(record, op, fp_for):
+                    observability.idempotency_event("mismatch")
                     return Claim("mismatch", record)
                 if record.state == State.COMPLETED:
+                    observability.idempotency_event("replay")
                     return Claim("replay", record, _stored(record))
                 if _owner_alive(record, now):
                     return Claim("in_progress", record)
                 if record.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
+                    observability.idempotency_event("unknown_outcome")
                     return Claim("unknown", record)
                 # Take over: the previous owner is gone. Same resource id, next attempt.
+                if not _advisory("pg_try_advisory_lock", record.pk):
+                    return Claim("in_progress", record)  # someone else got it first
                 record.lease_owner = owner
                 record.lease_expires_at = now + timedelta(
                     seconds=settings.IDEMPOTENCY_LEASE_SECONDS
@@ -210,10 +228,11 @@ def _claim(
                 record.attempt += 1
                 record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
                 logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
-                _advisory("pg_try_advisory_lock", record.pk)
+                observability.idempotency_event("takeover")
                 return Claim("execute", record)
         # A new claim: make the intent durable with the record. A deterministic refusal
         # (unknown template, timeout too long) completes the record with that error.
+        observability.idempotency_event("executed")
         _advisory("pg_try_advisory_lock", record.pk)
         if op.reserve is not None:
             try:
@@ -222,6 +241,7 @@ def _claim(
             except ApiError as exc:
                 result = error_result(exc)
                 _store(record, result, now)
+                _advisory("pg_advisory_unlock", record.pk)
                 return Claim("done", record, result)
         return Claim("execute", record)
 
@@ -269,6 +289,7 @@ def _complete(record: IdempotencyRecord, owner: str, result: Result) -> bool:
 
 def _release(record: IdempotencyRecord, owner: str) -> None:
     """Forget the key: nothing was allocated, so the same key may simply try again."""
+    observability.idempotency_event("release")
     IdempotencyRecord.objects.filter(
         pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
     ).delete()
@@ -312,13 +333,24 @@ def _execute_claim(
             # stored answer (if already there) is the one every caller gets.
             fresh = IdempotencyRecord.objects.filter(pk=record.pk).first()
             if fresh is not None and fresh.state == State.COMPLETED:
-                return _stored(fresh)
+                # Not a replay for this caller: its own request produced this resource.
+                return dataclasses.replace(_stored(fresh), replayed=False)
             logger.warning("idempotency: lost the lease of %s before completing", record.pk)
             return result
         failpoint("after_complete")
         return result
     finally:
         _advisory("pg_advisory_unlock", record.pk)
+
+
+def _mismatch_response() -> HttpResponse:
+    return error_result(
+        ApiError(
+            "this Idempotency-Key was used for a different request",
+            status=409,
+            error_code="idempotency_request_mismatch",
+        )
+    ).to_response()
 
 
 def _in_progress_error() -> ApiError:
@@ -367,6 +399,23 @@ def run(
     owner = uuid.uuid4().hex
     deadline = time.monotonic() + settings.IDEMPOTENCY_WAIT_SECONDS
     while True:
+        # The common repeat (a replay, or a wait for a live original) is answered from a
+        # plain read: no transaction, no insert attempt. _claim stays the arbiter of the
+        # rest (no record yet, an expired one, a dead owner).
+        seen = IdempotencyRecord.objects.filter(team=team, key=key).first()
+        if seen is not None and seen.expires_at > timezone.now():
+            if not _same_request(seen, op, fp_for):
+                observability.idempotency_event("mismatch")
+                return _mismatch_response()
+            if seen.state == State.COMPLETED:
+                observability.idempotency_event("replay")
+                return _stored(seen).to_response()
+            if _owner_alive(seen, timezone.now()):
+                if time.monotonic() >= deadline:
+                    observability.idempotency_event("in_progress")
+                    return error_result(_in_progress_error()).to_response()
+                time.sleep(0.02)
+                continue
         claim = _claim(team, key, op, fp_for, params, body, owner)
         if claim.kind == "execute":
             assert claim.record is not None
@@ -375,13 +424,7 @@ def run(
             assert claim.result is not None
             return claim.result.to_response()
         if claim.kind == "mismatch":
-            return error_result(
-                ApiError(
-                    "this Idempotency-Key was used for a different request",
-                    status=409,
-                    error_code="idempotency_request_mismatch",
-                )
-            ).to_response()
+            return _mismatch_response()
         if claim.kind == "unknown":
             assert claim.record is not None
             return error_result(
@@ -395,6 +438,7 @@ def run(
         # In progress: the original is alive. Wait a little for it rather than bouncing
         # the caller (E2B answers at once); no lock or transaction is held while we wait.
         if time.monotonic() >= deadline:
+            observability.idempotency_event("in_progress")
             return error_result(_in_progress_error()).to_response()
         time.sleep(0.02)
 
@@ -421,13 +465,15 @@ def drive_abandoned(*, limit: int = 100) -> list[int]:
                 continue
             if locked.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
                 continue  # left for its client's retry to answer 422
+            if not _advisory("pg_try_advisory_lock", locked.pk):
+                continue
             locked.lease_owner = owner
             locked.lease_expires_at = timezone.now() + timedelta(
                 seconds=settings.IDEMPOTENCY_LEASE_SECONDS
             )
             locked.attempt += 1
             locked.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
-            _advisory("pg_try_advisory_lock", locked.pk)
+            observability.idempotency_event("takeover")
         saved = json.loads(crypto.decrypt(locked.request_encrypted))
         try:
             _execute_claim(
@@ -467,3 +513,4 @@ def purge_expired(*, batch_size: int = 10_000, dry_run: bool = False) -> int:
             # re-checked in it, so a row renewed since we read it stays.
             deleted, _ = IdempotencyRecord.objects.purgeable(now).filter(pk__in=pks).delete()
             total += deleted
+            observability.idempotency_purged(deleted)

@@ -49,25 +49,61 @@ if [[ -z "$key" ]]; then
 fi
 
 workers="${WEB_CONCURRENCY:-4}"
+base_url=http://127.0.0.1:3000
+
+# Prometheus multiprocess mode: every gunicorn worker and the lifecycle worker write their
+# metrics as files here, and /metrics sums them. Emptied on start (gunicorn.conf.py does it
+# too): stale files would be added to this run's counters.
+if [[ -z "${PROMETHEUS_MULTIPROC_DIR:-}" ]]; then
+    PROMETHEUS_MULTIPROC_DIR="$(mktemp -d -t e2bfacade-metrics.XXXXXX)"
+    own_metrics_dir=1
+fi
+export PROMETHEUS_MULTIPROC_DIR
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+find "$PROMETHEUS_MULTIPROC_DIR" -maxdepth 1 -name '*.db' -delete
+
+# No gunicorn access log: each request already gets one JSON line (request id, route,
+# status, duration, team, idempotency outcome) on stderr. Add `--access-logfile -` for both.
+.venv/bin/gunicorn e2bfacade.wsgi --bind 127.0.0.1:3000 --workers "$workers" &
+gunicorn_pid=$!
+worker_pid=""
+cleanup() {
+    kill -TERM "$gunicorn_pid" $worker_pid 2>/dev/null || true
+    wait "$gunicorn_pid" $worker_pid 2>/dev/null || true
+    if [[ -n "${own_metrics_dir:-}" ]]; then rm -rf "$PROMETHEUS_MULTIPROC_DIR"; fi
+}
+trap cleanup INT TERM EXIT
+
+for _ in $(seq 100); do
+    "$python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+        "$base_url/health" 2>/dev/null && break
+    kill -0 "$gunicorn_pid" 2>/dev/null || { log "gunicorn exited at start"; exit 1; }
+    sleep 0.2
+done
+
+# The lifecycle worker (timeouts, abandoned claims, reconciliation, purges) runs beside
+# gunicorn and stops with it: SIGTERM lets it finish its tick. Started once gunicorn is up,
+# so that gunicorn's start-up cleaning of the metrics directory cannot remove its files.
+"$python" manage.py run_worker &
+worker_pid=$!
+
 cat <<MSG
 
-e2bfacade is starting on http://127.0.0.1:3000 with $workers workers. Point the E2B SDK at it:
+e2bfacade is running:
+  API           $base_url  (gunicorn pid $gunicorn_pid, $workers workers)
+  worker        lifecycle worker pid $worker_pid
+  API docs      $base_url/docs  (schema: $base_url/openapi.json)
+  admin         $base_url/admin/  (make a login: .venv/bin/python manage.py createsuperuser)
+  health        $base_url/health, readiness $base_url/health/ready
+  metrics       $base_url/metrics  (files in $PROMETHEUS_MULTIPROC_DIR)
+Logs: one JSON line per request on stderr. Ctrl-C stops both.
 
-export E2B_API_URL=http://127.0.0.1:3000
+Point the E2B SDK at it:
+
+export E2B_API_URL=$base_url
 export E2B_API_KEY=$key
 
 MSG
 
-# The lifecycle worker (timeouts, abandoned transitions, reconciliation) runs beside
-# gunicorn and stops with it: SIGTERM lets each finish what it is doing.
-"$python" manage.py run_worker &
-worker_pid=$!
-echo "lifecycle worker started (pid $worker_pid)" >&2
-.venv/bin/gunicorn e2bfacade.wsgi \
-    --bind 127.0.0.1:3000 \
-    --workers "$workers" \
-    --access-logfile - &
-gunicorn_pid=$!
-trap 'kill -TERM "$gunicorn_pid" "$worker_pid" 2>/dev/null || true' INT TERM EXIT
-# Whichever stops first takes the other down with it.
+# Whichever stops first takes the other down with it (the EXIT trap).
 wait -n "$gunicorn_pid" "$worker_pid" || true

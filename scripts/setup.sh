@@ -4,18 +4,32 @@
 # Idempotent and fast on re-runs: apt is touched only when a package is missing, and pip only
 # when requirements.txt changed since the last successful install (its hash is kept in
 # .venv/.requirements.sha256). Run as root on Debian 12 (apt-get needs it).
+# `--tests` adds what only the test suite needs (Debian's chromium, for tests/browser/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`.
-# tar: template and snapshot archives. tini: the reaping PID 1 inside each sandbox.
-packages=(gcc libc6-dev tar tini)
+packages=(gcc libc6-dev)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     packages+=(nodejs npm)
+fi
+# chromium: the admin's browser test (tests/browser/, driven by playwright-core, which
+# downloads no browser of its own). ~350 MB installed, so only for the test suite
+# (`setup.sh --tests`, as scripts/test.sh runs it) and only when it is missing: a server
+# started by serve.sh never needs it.
+if [[ "${1:-}" == "--tests" && ! -x /usr/bin/chromium ]]; then
+    packages+=(chromium)
+fi
+# Programs the runtime tests run inside sandboxes, which see the host's /usr (the base
+# template): ps, ip and python3 are not in every minimal Debian.
+if [[ "${1:-}" == "--tests" ]]; then
+    command -v ps >/dev/null || packages+=(procps)
+    [[ -x /usr/bin/ip || -x /usr/sbin/ip ]] || packages+=(iproute2)
+    [[ -x /usr/bin/python3 ]] || packages+=(python3)
 fi
 if ! command -v python3 >/dev/null; then
     packages+=(python3 python3-venv)

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --tests  # --tests: also the browser test's chromium
 
 log() { printf '[test] %s\n' "$*" >&2; }
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-from e2bfacade import failpoints
+from e2bfacade import failpoints, observability
 from sandboxes.runtime.base import Runtime
 
 _lock = threading.Lock()
@@ -23,7 +23,8 @@ def get_runtime() -> Runtime:
         if key not in _runtimes:
             from sandboxes.runtime.local import LocalRuntime
 
-            runtime: Runtime = LocalRuntime(settings.SANDBOX_ROOT)
+            # Always metered: every operation's duration goes to /metrics.
+            runtime: Runtime = observability.metered(LocalRuntime)(settings.SANDBOX_ROOT)
             if failpoints.enabled("runtime."):
                 runtime = FaultyRuntime(runtime)
             _runtimes[key] = runtime

@@ -1,0 +1,316 @@
+"""What an operator watches: Prometheus metrics and one structured JSON log line per request.
+
+Metrics (served at ``/metrics`` by :func:`e2bfacade.views.metrics`):
+
+- ``e2bfacade_http_requests_total{method,route,status}`` and
+  ``e2bfacade_http_request_duration_seconds{method,route}``: ``route`` is the URL *pattern*
+  (``/sandboxes/<str:sandbox_id>/pause``), never the raw path, so a scan of random paths
+  cannot blow up the number of series;
+- ``e2bfacade_sandboxes_by_state{state}``: read from the database at scrape time, with one
+  GROUP BY (the database is the source of truth, and every replica reports the same);
+- ``e2bfacade_runtime_operation_seconds{op,outcome}``: every public runtime call;
+- ``e2bfacade_idempotency_events_total{event}`` (executed, replay, mismatch, in_progress,
+  takeover, release, unknown_outcome) and ``e2bfacade_idempotency_purged_records_total``.
+
+Several gunicorn workers are aggregated through prometheus_client's multiprocess mode: each
+process writes its counters to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR`` and a
+scrape sums them. ``gunicorn.conf.py`` (and ``scripts/serve.sh``) set that directory up and
+empty it on start. Without the variable (``runserver``, the test suite, a one-off command)
+each process keeps its own registry, and ``/metrics`` shows only the process that answers.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponseBase
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+request_logger = logging.getLogger("e2bfacade.request")
+
+# No ``*_created`` series: they double the output and nothing here graphs them (multiprocess
+# mode never has them, so this also makes both modes read the same).
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # Metrics write their files there from the moment they are defined (below).
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
+# Runtime calls take milliseconds (freeze ~1 ms, create ~20 ms); requests a little more.
+# Coarse at the top: a slow snapshot or a request that waited out another's key.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+HTTP_REQUESTS = Counter(
+    "e2bfacade_http_requests",
+    "HTTP requests answered, by route pattern and status.",
+    ["method", "route", "status"],
+)
+HTTP_DURATION = Histogram(
+    "e2bfacade_http_request_duration_seconds",
+    "Time to answer an HTTP request, by route pattern.",
+    ["method", "route"],
+    buckets=BUCKETS,
+)
+RUNTIME_DURATION = Histogram(
+    "e2bfacade_runtime_operation_seconds",
+    "Duration of sandbox runtime operations; outcome is ok or error.",
+    ["op", "outcome"],
+    buckets=BUCKETS,
+)
+IDEMPOTENCY_EVENTS = Counter(
+    "e2bfacade_idempotency_events",
+    "Idempotency-Key decisions: executed (a new key ran), replay, mismatch, in_progress "
+    "(answered 409), takeover (a dead owner's claim re-driven), release (nothing was "
+    "allocated: the key may try again), unknown_outcome (422).",
+    ["event"],
+)
+IDEMPOTENCY_PURGED = Counter(
+    "e2bfacade_idempotency_purged_records",
+    "Expired idempotency records deleted.",
+)
+IDEMPOTENCY_EVENT_NAMES = (
+    "executed",
+    "replay",
+    "mismatch",
+    "in_progress",
+    "takeover",
+    "release",
+    "unknown_outcome",
+)
+
+# The idempotency outcome of the request being served (read by the request log line).
+_idempotency_outcome: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "idempotency_outcome", default=None
+)
+
+
+def idempotency_event(event: str) -> None:
+    """Count an idempotency decision and remember it as this request's outcome (the last
+    one wins: a takeover that then releases the key is logged as ``release``)."""
+    IDEMPOTENCY_EVENTS.labels(event).inc()
+    _idempotency_outcome.set(event)
+
+
+def idempotency_purged(count: int) -> None:
+    IDEMPOTENCY_PURGED.inc(count)
+
+
+# ------------------------------------------------------------------------------ runtime
+# The operations of sandboxes.runtime.base.Runtime: only these are timed (helpers and
+# attributes pass through), which also bounds the ``op`` label.
+RUNTIME_OPERATIONS = (
+    "ensure_base_image",
+    "import_image",
+    "image_info",
+    "delete_image",
+    "list_images",
+    "create",
+    "status",
+    "list",
+    "pause",
+    "resume",
+    "snapshot",
+    "kill",
+    "metrics",
+    "exec",
+    "reap_orphans",
+)
+_timing = threading.local()
+R = TypeVar("R")
+
+
+def _timed(op: str, method: Callable[..., R]) -> Callable[..., R]:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> R:
+        # Only the outermost operation is timed: pause() calls status() internally, and
+        # that inner call is part of the pause, not a status request of its own.
+        if getattr(_timing, "active", False):
+            return method(self, *args, **kwargs)
+        _timing.active = True
+        outcome = "error"
+        started = time.perf_counter()
+        try:
+            result = method(self, *args, **kwargs)
+            outcome = "ok"
+            return result
+        finally:
+            _timing.active = False
+            RUNTIME_DURATION.labels(op, outcome).observe(time.perf_counter() - started)
+
+    return call
+
+
+T = TypeVar("T")
+
+
+@functools.cache
+def metered(cls: type[T]) -> type[T]:
+    """A subclass of the runtime class ``cls`` whose operations record their duration.
+
+    A subclass rather than a proxy object, so that ``isinstance(get_runtime(), LocalRuntime)``
+    still holds and the runtime's attributes (``root``, ``cgroups``) need no forwarding."""
+    timed = {op: _timed(op, getattr(cls, op)) for op in RUNTIME_OPERATIONS if hasattr(cls, op)}
+    return cast(type[T], type(cls.__name__, (cls,), {**timed, "__module__": cls.__module__}))
+
+
+# ----------------------------------------------------------------------------- scraping
+class SandboxStateCollector(Collector):
+    """``e2bfacade_sandboxes_by_state``, computed when scraped: one GROUP BY on the
+    sandbox table. Every state is reported, zeros included, so a series never vanishes."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from sandboxes.models import Sandbox  # models load after settings; this runs late
+
+        try:
+            counts = dict(
+                Sandbox.objects.order_by()
+                .values_list("state")
+                .annotate(n=Count("*"))
+                .values_list("state", "n")
+            )
+        except DatabaseError:
+            # A scrape must not fail because the database is down: the readiness check and
+            # the request metrics say that. The gauge is simply absent from this scrape.
+            logger.warning("metrics: cannot count sandboxes by state", exc_info=True)
+            return
+        family = GaugeMetricFamily(
+            "e2bfacade_sandboxes_by_state",
+            "Sandboxes in the database by internal state (killed ones included).",
+            labels=["state"],
+        )
+        for state in Sandbox.State:
+            family.add_metric([state.value], counts.get(state.value, 0))
+        yield family
+
+
+class _ThisProcess(Collector):
+    """The default registry of this process (per-process mode, no multiproc directory)."""
+
+    def collect(self) -> Iterator[Any]:
+        yield from REGISTRY.collect()
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def scrape() -> bytes:
+    """The exposition text for one scrape."""
+    registry = CollectorRegistry()
+    if multiprocess_dir():
+        # Sums the files of every process that wrote to the directory, dead ones included
+        # (a recycled gunicorn worker's counts must not vanish from a counter).
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(_ThisProcess())
+    registry.register(SandboxStateCollector())
+    return generate_latest(registry)
+
+
+# --------------------------------------------------------------------------------- logs
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, then the record's ``json_fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update(getattr(record, "json_fields", {}))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+# A caller's X-Request-Id is reused when it looks like an id (a proxy's or a client's), so a
+# request can be followed across hops; anything else is replaced, never echoed.
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:+/=-]{1,128}")
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def _route(request: HttpRequest) -> str:
+    match = request.resolver_match  # set once the URL resolved; None before and for a 404
+    if match is not None:
+        return "/" + str(match.route)
+    if request.path.startswith("/" + settings.STATIC_URL.lstrip("/")):
+        return "(static)"  # answered by whitenoise before URL resolution
+    return "(unmatched)"
+
+
+def _team_id(request: HttpRequest) -> int | None:
+    # DRF copies the authenticated ApiKey onto the Django request as ``auth``.
+    return getattr(getattr(request, "auth", None), "team_id", None)
+
+
+class RequestObservabilityMiddleware:
+    """Outermost middleware: request id, request metrics and the JSON request log line.
+
+    The log line holds what an operator needs to follow a request and nothing a client
+    would not want written down: no body (stored or not), no API key, and of the
+    Idempotency-Key only whether one was sent."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        request_id = incoming if REQUEST_ID_PATTERN.fullmatch(incoming) else uuid.uuid4().hex
+        request.request_id = request_id  # type: ignore[attr-defined]
+        token = _idempotency_outcome.set(None)
+        started = time.perf_counter()
+        status = 500  # if a layer below raised instead of answering
+        try:
+            response = self.get_response(request)
+            status = response.status_code
+            response[REQUEST_ID_HEADER] = request_id
+            return response
+        finally:
+            duration = time.perf_counter() - started
+            route = _route(request)
+            method = request.method or ""
+            HTTP_REQUESTS.labels(method, route, str(status)).inc()
+            HTTP_DURATION.labels(method, route).observe(duration)
+            request_logger.info(
+                "request",
+                extra={
+                    "json_fields": {
+                        "request_id": request_id,
+                        "method": method,
+                        "route": route,
+                        "path": request.path[:512],
+                        "status": status,
+                        "duration_ms": round(duration * 1000, 2),
+                        "team_id": _team_id(request),
+                        "idempotency_key": "Idempotency-Key" in request.headers,
+                        "idempotency": _idempotency_outcome.get(),
+                    }
+                },
+            )
+            _idempotency_outcome.reset(token)

@@ -1,0 +1,139 @@
+"""The admin in a real browser: headless Chromium (Debian's ``chromium``, installed by
+scripts/setup.sh) driven by playwright-core (pinned in package.json / package-lock.json)
+through admin_flow.mjs, against a live gunicorn server.
+
+An operator holding only a sandbox id logs in, finds the sandbox, follows it to its
+idempotency record, and sees the key, its state and the stored response with the
+envdAccessToken redacted. The screenshot stays in tests/browser/artifacts/ (gitignored) for
+a human to look at."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.contract.live_server import REPO, LiveServer, ServerError, _manage, live_server
+
+HERE = Path(__file__).resolve().parent
+ARTIFACTS = HERE / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+PINNED = json.loads((HERE / "package.json").read_text())["dependencies"]["playwright-core"]
+
+
+def _installed_version() -> str | None:
+    try:
+        package = HERE / "node_modules/playwright-core/package.json"
+        return str(json.loads(package.read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(
+            f"{name} is not installed: the browser test needs Node 20+ and npm "
+            "(scripts/setup.sh installs them)",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
+    try:
+        with live_server(suite_url, workers=2) as running:
+            yield running
+    except ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def test_operator_finds_a_sandboxs_idempotency_record_in_the_browser(
+    server: LiveServer,
+) -> None:
+    node, npm = _tool("node"), _tool("npm")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"{CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium", pytrace=False
+        )
+    if _installed_version() != PINNED:
+        # A clean clone (or a stale install): exactly what package-lock.json pins.
+        install = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if install.returncode != 0 or _installed_version() != PINNED:
+            pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
+
+    password = secrets.token_urlsafe(16)
+    _manage(
+        {**server.env, "DJANGO_SUPERUSER_PASSWORD": password},
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        "operator",
+        "--email",
+        "operator@example.invalid",
+    )
+    key = f"browser-{secrets.token_hex(6)}"
+    with httpx.Client(
+        base_url=server.url, headers={"X-API-Key": server.api_key}, timeout=30
+    ) as http:
+        created = http.post(
+            "/v2/sandboxes",
+            json={"templateID": "base", "timeout": 300},
+            headers={"Idempotency-Key": key},
+        )
+        assert created.status_code == 201, created.text
+        sandbox = created.json()
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        vendor = "postgresql" if server.env["DATABASE_URL"].startswith("postgres") else "sqlite"
+        screenshot = ARTIFACTS / f"admin-idempotency-record-{vendor}.png"
+        for stale in (screenshot, screenshot.with_name(f"{screenshot.stem}-failed.png")):
+            stale.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "BASE_URL": server.url,
+            "ADMIN_USER": "operator",
+            "ADMIN_PASSWORD": password,
+            "SANDBOX_ID": sandbox["sandboxID"],
+            "IDEMPOTENCY_KEY": key,
+            "SECRET_TOKEN": sandbox["envdAccessToken"],
+            "SCREENSHOT": str(screenshot),
+            "CHROMIUM": str(CHROMIUM),
+        }
+        try:
+            proc = subprocess.run(
+                [node, "admin_flow.mjs"],
+                cwd=HERE,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+        finally:
+            http.delete(f"/sandboxes/{sandbox['sandboxID']}")
+
+    if proc.returncode != 0:
+        pytest.fail(
+            f"admin_flow.mjs failed:\n{proc.stdout}\n{proc.stderr}\n"
+            f"server log (tail):\n{server.log_tail(30)}",
+            pytrace=False,
+        )
+    assert "admin_flow.mjs: ok" in proc.stdout
+    # A real page, not a blank or an error: a full-page PNG of the admin is tens of KB.
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert screenshot.stat().st_size > 20_000
