@@ -47,6 +47,7 @@ class LiveServer:
     sandbox_root: Path
     log_path: Path
     max_timeout: int = MAX_TIMEOUT
+    workers: int = 4
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     worker: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -55,6 +56,37 @@ class LiveServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no server log)"
+
+    def start(self) -> None:
+        """Start gunicorn and the lifecycle worker on this server's database and sandbox
+        root, and wait for ``/health``."""
+        _start_processes(self)
+        _wait_healthy(self)
+
+    def kill(self) -> None:
+        """SIGKILL gunicorn (master and workers) and the lifecycle worker, as a crash or an
+        OOM killer would: nothing gets to clean up. Sandboxes keep running (their launcher
+        lives in a session of its own); the database and the sandbox root stay."""
+        for process in (self.process, self.worker):
+            if process is not None and process.poll() is None:
+                # The session each was started in (start_new_session): theirs, nothing else.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+    def restart(self, *, crash: bool = True) -> None:
+        """Stop the service (SIGKILL when ``crash``, else gracefully) and start a fresh one
+        on the same database, sandbox root and port."""
+        if crash:
+            self.kill()
+        else:
+            _stop(self.worker)
+            _stop(self.process)
+        self.start()
+
+    def run_worker_once(self, *extra_args: str, env: dict[str, str] | None = None) -> str:
+        """One full tick of ``run_worker --once`` with the server's settings."""
+        return _manage(env or self.env, "run_worker", "--once", *extra_args)
 
 
 # ----------------------------------------------------------------------------- database
@@ -188,11 +220,53 @@ def _cleanup_runtime(env: dict[str, str], root: Path) -> None:
         print(f"contract tests: sandbox cleanup failed:\n{proc.stderr}", file=sys.stderr)
 
 
+def _start_processes(server: LiveServer) -> None:
+    port = urlsplit(server.url).port
+    with open(server.log_path, "ab") as log:
+        server.process = subprocess.Popen(
+            [
+                str(BIN / "gunicorn"),
+                "--workers",
+                str(server.workers),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "5",
+                "--no-control-socket",  # its default path is shared by every gunicorn
+                "--access-logfile",
+                "-",
+                "e2bfacade.wsgi",
+            ],
+            cwd=REPO,
+            env=server.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        server.worker = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "run_worker",
+                "--interval",
+                str(WORKER_INTERVAL),
+            ],
+            cwd=REPO,
+            env=server.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
-def live_server(suite_database_url: str, workers: int = 4) -> Iterator[LiveServer]:
+def live_server(
+    suite_database_url: str, workers: int = 4, extra_env: dict[str, str] | None = None
+) -> Iterator[LiveServer]:
     """Migrate a fresh database, create two teams, start gunicorn and the lifecycle worker
     (as a deployment runs them) and wait for ``/health``. On exit: stop both, kill every
-    sandbox they made, drop the database, delete the files."""
+    sandbox they made, drop the database, delete the files. ``extra_env`` is added to the
+    environment of every process (e.g. failpoints, ``API_RATE_LIMIT``)."""
     tmp = Path(tempfile.mkdtemp(prefix="e2bc-", dir=TMP_PARENT))
     sandbox_root = tmp / "root"
     try:
@@ -204,6 +278,7 @@ def live_server(suite_database_url: str, workers: int = 4) -> Iterator[LiveServe
                 "SANDBOX_MAX_TIMEOUT_SECONDS": str(MAX_TIMEOUT),
                 "DJANGO_SETTINGS_MODULE": "e2bfacade.settings",
                 "PYTHONUNBUFFERED": "1",
+                **(extra_env or {}),
             }
             _manage(env, "migrate", "--no-input", "-v", "0")
             port = _free_port()
@@ -214,43 +289,11 @@ def live_server(suite_database_url: str, workers: int = 4) -> Iterator[LiveServe
                 env=env,
                 sandbox_root=sandbox_root,
                 log_path=tmp / "server.log",
+                max_timeout=int(env["SANDBOX_MAX_TIMEOUT_SECONDS"]),
+                workers=workers,
             )
             try:
-                with open(server.log_path, "ab") as log:
-                    server.process = subprocess.Popen(
-                        [
-                            str(BIN / "gunicorn"),
-                            "--workers",
-                            str(workers),
-                            "--bind",
-                            f"127.0.0.1:{port}",
-                            "--graceful-timeout",
-                            "5",
-                            "--access-logfile",
-                            "-",
-                            "e2bfacade.wsgi",
-                        ],
-                        cwd=REPO,
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                    server.worker = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "manage.py",
-                            "run_worker",
-                            "--interval",
-                            str(WORKER_INTERVAL),
-                        ],
-                        cwd=REPO,
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                _wait_healthy(server)
+                server.start()
                 yield server
             finally:
                 _stop(server.worker)

@@ -1,0 +1,78 @@
+"""Faults with real processes: one live e2bfacade for the package (gunicorn with 4 workers
+and the lifecycle worker, its own database and sandbox root) whose runtime carries
+failpoints (e2bfacade/failpoints.py). Every point starts disarmed; a test arms one, and it
+fires for exactly one operation."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.contract.live_server import LiveServer
+from tests.live_fixtures import attach_log_tails, started
+
+# SIGKILL the process that reaches the point; or raise a runtime error there.
+KILL_POINTS = ["runtime.pause.after", "runtime.kill.after", "runtime.create.after"]
+ERROR_POINTS = ["runtime.pause.before", "runtime.create.before", "runtime.kill.before"]
+
+
+@dataclass
+class Failpoints:
+    """The markers of E2BFACADE_FAILPOINT_DIR: a point whose marker exists has fired (or is
+    disarmed); removing it arms the point for the next operation that reaches it, in any
+    process of the server (gunicorn workers, the lifecycle worker)."""
+
+    directory: Path
+
+    def arm(self, point: str) -> None:
+        (self.directory / point).unlink(missing_ok=True)
+
+    def fired(self, point: str) -> bool:
+        return (self.directory / point).exists()
+
+    def disarm_all(self) -> None:
+        for point in KILL_POINTS + ERROR_POINTS:
+            (self.directory / point).touch()
+
+
+@pytest.fixture(scope="package")
+def failpoints() -> Iterator[Failpoints]:
+    directory = Path(tempfile.mkdtemp(prefix="e2bf-fp-", dir="/tmp"))
+    points = Failpoints(directory)
+    points.disarm_all()
+    try:
+        yield points
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="package")
+def server(failpoints: Failpoints) -> Iterator[LiveServer]:
+    spec = ",".join(KILL_POINTS + [f"{p}=error" for p in ERROR_POINTS])
+    with started(
+        E2BFACADE_FAILPOINTS=spec,
+        E2BFACADE_FAILPOINT_DIR=str(failpoints.directory),
+        API_RATE_LIMIT="0",
+    ) as live:
+        yield live
+
+
+@pytest.fixture(autouse=True)
+def _disarmed_after(failpoints: Failpoints) -> Iterator[None]:
+    """A test that failed before its point fired must not leave it armed for the next."""
+    yield
+    failpoints.disarm_all()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    attach_log_tails(report)
+    return report

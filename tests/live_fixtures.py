@@ -1,0 +1,41 @@
+"""pytest glue for the black-box suites that start their own live e2bfacade
+(tests/retry, tests/faults, tests/fuzz, tests/soak): start one, and show the end of its log
+beside a failing test's traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.contract.live_server import REPO, LiveServer, ServerError, live_server
+
+# The servers a suite started and that are still up: a failure report shows their logs.
+running: list[LiveServer] = []
+
+
+def suite_database_url() -> str:
+    return os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
+
+
+@contextlib.contextmanager
+def started(workers: int = 4, **extra_env: str) -> Iterator[LiveServer]:
+    """A live server on a fresh database of the suite's kind, with ``extra_env``."""
+    try:
+        with live_server(suite_database_url(), workers=workers, extra_env=extra_env) as server:
+            running.append(server)
+            try:
+                yield server
+            finally:
+                running.remove(server)
+    except ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def attach_log_tails(report: pytest.TestReport) -> None:
+    """Call from a conftest's ``pytest_runtest_makereport`` wrapper."""
+    if report.failed:
+        for server in running:
+            report.sections.append((f"e2bfacade log {server.url} (tail)", server.log_tail()))
