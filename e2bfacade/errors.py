@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from django import db
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
@@ -115,6 +116,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             # Without this DRF would turn 401 into 403 for a scheme-less authenticator.
             headers["WWW-Authenticate"] = "X-API-Key"
         return Response(error_body(status, message, code), status=status, headers=headers)
+    if isinstance(exc, (db.OperationalError, db.InterfaceError)):
+        # The database is unreachable (restarting, failing over): a transient condition the
+        # SDKs retry by themselves on 503, and CONN_HEALTH_CHECKS reconnects on the next try.
+        logger.warning("database unavailable: %s", exc)
+        return Response(
+            error_body(503, "database unavailable; retry shortly", "database_unavailable"),
+            status=503,
+            headers={"Retry-After": "1"},
+        )
     return None  # an unexpected exception: Django's handler500 below renders it
 
 

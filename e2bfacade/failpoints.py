@@ -2,7 +2,9 @@
 
 ``E2BFACADE_FAILPOINTS`` is a comma-separated list of ``name`` (SIGKILL this process when it
 reaches that point), ``name=sleep:SECONDS`` (stall there, to play a slow original) or
-``name=error`` (raise :class:`InjectedFault` there, to play a failing runtime).
+``name=error`` (raise there, to play a failing runtime: a refusal before a runtime
+operation acted, :class:`InjectedRefusal`; an error of unknown outcome anywhere else,
+:class:`InjectedFault`).
 Points: ``after_claim``, ``after_runtime_create``, ``before_complete``, ``after_complete``,
 and around every runtime operation ``runtime.<op>.before`` / ``runtime.<op>.after`` (e.g.
 ``runtime.pause.after=error``: the freeze happened, the caller is told it failed).
@@ -16,11 +18,17 @@ import os
 import signal
 import time
 
-from sandboxes.runtime.base import RuntimeUnavailable
+from sandboxes.runtime.base import CreateRefused, RuntimeBusy
 
 
-class InjectedFault(RuntimeUnavailable):
-    """The failure a ``name=error`` failpoint raises: a runtime error like any other."""
+class InjectedFault(RuntimeBusy):
+    """What ``name=error`` raises after a runtime operation acted: a transient error whose
+    outcome the caller cannot know."""
+
+
+class InjectedRefusal(CreateRefused):
+    """What ``runtime.<op>.before=error`` raises: the runtime refused before acting, so
+    provably nothing was done."""
 
 
 def _parse(raw: str) -> dict[str, float | str | None]:
@@ -57,6 +65,8 @@ def failpoint(name: str) -> None:
         os.close(fd)
     action = _POINTS[name]
     if action == "error":
+        if name.endswith(".before"):
+            raise InjectedRefusal(f"injected refusal at {name}")
         raise InjectedFault(f"injected fault at {name}")
     if isinstance(action, float):
         time.sleep(action)

@@ -37,6 +37,7 @@ from sandboxes.runtime.base import (
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxNotFound,
+    SandboxRuntimeError,
     SandboxSpec,
     SandboxState,
 )
@@ -64,7 +65,7 @@ def runtime_error(exc: Exception) -> ApiError:
     if isinstance(exc, RuntimeConflict):
         return Conflict(exc.message)
     if isinstance(exc, CreateRefused):
-        return ServiceUnavailable(f"sandbox could not be started: {exc.message}")
+        return ServiceUnavailable(f"the sandbox runtime refused: {exc.message}")
     return ServiceUnavailable(f"sandbox runtime error: {exc}")
 
 
@@ -152,6 +153,11 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
             raise NothingAllocated(message, headers={"Should-Retry": "false"}) from exc
         error = runtime_error(exc)
         raise NothingAllocated(error.message, headers=error.headers) from exc
+    except SandboxRuntimeError as exc:
+        # Anything else may have got part of the way: keep the row in "creating" so a keyed
+        # retry re-drives the same id (the runtime adopts it) and, unkeyed, the worker's
+        # stale-transition sweep removes whatever was made.
+        raise runtime_error(exc) from exc
     failpoint("after_runtime_create")
     now = timezone.now()
     with transaction.atomic():
@@ -270,7 +276,7 @@ def _runtime_call(
         # It died under us: record that and answer as E2B does for a missing sandbox.
         _finish(sandbox, claimed, State.KILLED, killed_at=timezone.now())
         raise not_found(sandbox.sandbox_id) from exc
-    except (RuntimeConflict, RuntimeUnavailable, CreateRefused, OSError) as exc:
+    except (SandboxRuntimeError, OSError) as exc:
         _finish(sandbox, claimed, rollback_to)
         raise runtime_error(exc) from exc
 
@@ -353,8 +359,9 @@ def sandbox_refresh(*, team: Team, sandbox_id: str, duration: int) -> None:
 
 
 def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
-    """Kill and delete. The first call answers 204; later ones 404. Concurrent callers
-    converge: the runtime's kill is idempotent, so a retry re-drives an interrupted kill."""
+    """Kill and delete. Exactly one caller answers 204 — the one whose kill recorded the
+    sandbox as killed — and the others 404. The runtime's kill is idempotent, so a retry
+    after a failed kill (503) re-drives it and is the one that gets 204."""
     now = timezone.now()
     with transaction.atomic():
         row = (
@@ -366,22 +373,26 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
         )
         if row is None:
             raise not_found(sandbox_id)
-        previous = row.state
         row.state = State.KILLING
         row.state_changed_at = now
         row.save(update_fields=["state", "state_changed_at"])
-    _kill_runtime(row)
-    if previous == State.KILLING:
-        raise not_found(sandbox_id)  # someone else's kill, which we just helped finish
+    if not _kill_runtime(row):
+        raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 
 
-def _kill_runtime(sandbox: Sandbox) -> None:
+def _kill_runtime(sandbox: Sandbox) -> bool:
+    """Kill in the runtime, then record ``killed`` fenced on ``killing``. Returns whether
+    this call's record landed (False: another caller's kill recorded it first)."""
     try:
         get_runtime().kill(sandbox.sandbox_id)
-    except (RuntimeUnavailable, OSError) as exc:
+    except (SandboxRuntimeError, OSError) as exc:
         # Stay in "killing": the worker re-drives it. The caller learns it did not finish.
         raise runtime_error(exc) from exc
-    _finish(sandbox, State.KILLING, State.KILLED, killed_at=timezone.now())
+    now = timezone.now()
+    recorded = Sandbox.objects.filter(pk=sandbox.pk, state=State.KILLING).update(
+        state=State.KILLED, state_changed_at=now, killed_at=now
+    )
+    return bool(recorded)
 
 
 def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
@@ -390,7 +401,7 @@ def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
         m = get_runtime().metrics(sandbox.sandbox_id)
     except SandboxNotFound as exc:
         raise not_found(sandbox_id) from exc
-    except (RuntimeConflict, RuntimeUnavailable) as exc:
+    except SandboxRuntimeError as exc:
         raise runtime_error(exc) from exc
     now = timezone.now()
     return {

@@ -15,7 +15,7 @@ from e2bfacade.errors import ApiError, Conflict
 from e2bfacade.models import Team
 from sandboxes.models import Sandbox
 from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import RuntimeConflict, RuntimeUnavailable, SandboxNotFound
+from sandboxes.runtime.base import SandboxNotFound, SandboxRuntimeError
 from sandboxes.services import (
     CreateRequest,
     check_timeout,
@@ -57,7 +57,7 @@ def snapshot_create(
         image = runtime.snapshot(sandbox.sandbox_id, snapshot_id)
     except SandboxNotFound as exc:
         raise not_found(sandbox_id) from exc
-    except (RuntimeConflict, RuntimeUnavailable, OSError) as exc:
+    except (SandboxRuntimeError, OSError) as exc:
         raise runtime_error(exc) from exc
     try:
         with transaction.atomic():

@@ -31,6 +31,10 @@ class RuntimeUnavailable(SandboxRuntimeError):
     """The host cannot run sandboxes (not root, no namespaces, no cgroups, no compiler)."""
 
 
+class RuntimeBusy(SandboxRuntimeError):
+    """A transient failure (a freeze that did not settle in time): retrying may succeed."""
+
+
 class InvalidId(SandboxRuntimeError):
     """An id that is not URL-safe."""
 

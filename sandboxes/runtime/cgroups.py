@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from sandboxes.runtime.base import RuntimeUnavailable
+from sandboxes.runtime.base import RuntimeBusy, RuntimeUnavailable
 
 CPU_PERIOD_US = 100_000
 
@@ -190,7 +190,7 @@ class CgroupsV1(Cgroups):
                 return
             _write(state, "FROZEN")
             time.sleep(0.0005)
-        raise RuntimeUnavailable(f"sandbox {sandbox_id} did not freeze within 1 s")
+        raise RuntimeBusy(f"sandbox {sandbox_id} did not freeze within 1 s")
 
     def thaw(self, sandbox_id: str) -> None:
         _write(self._freezer_state(sandbox_id), "THAWED")
@@ -283,7 +283,7 @@ class CgroupsV2(Cgroups):
             if self._frozen_event(sandbox_id):
                 return
             time.sleep(0.0005)
-        raise RuntimeUnavailable(f"sandbox {sandbox_id} did not freeze within 1 s")
+        raise RuntimeBusy(f"sandbox {sandbox_id} did not freeze within 1 s")
 
     def thaw(self, sandbox_id: str) -> None:
         _write(self._dir(sandbox_id) / "cgroup.freeze", "0")
