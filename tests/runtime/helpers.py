@@ -109,11 +109,21 @@ def mounts_mentioning(path: Path) -> list[str]:
     return hits
 
 
+def parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def daemon_pids(root: Path) -> list[int]:
-    """The sandboxd daemon(s) serving ``root``, found by the socket path on their command
-    line (argv: BINARY daemon SOCKET)."""
+    """The sandboxd listener(s) serving ``root``, found by the socket path on their command
+    line (argv: BINARY daemon SOCKET). A request handler is a fork of the listener with the
+    same command line for the moment it lives: a match whose parent also matches is one."""
     sock = str(build.socket_path(root)).encode()
-    return [p for p in host_pids() if cmdline(p)[1:3] == [b"daemon", sock]]
+    matches = [p for p in host_pids() if cmdline(p)[1:3] == [b"daemon", sock]]
+    return [p for p in matches if parent_pid(p) not in matches]
 
 
 def any_daemon_pids(root: Path) -> list[int]:
