@@ -65,10 +65,6 @@ def proc_state(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def host_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
