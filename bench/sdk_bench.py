@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from e2b import Sandbox  # noqa: E402
 
-from tests.contract.live_server import live_server  # noqa: E402
+from tests.live_server import live_server  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -46,7 +46,12 @@ def main() -> None:
         os.environ["E2B_API_KEY"] = server.api_key
         os.environ.pop("E2B_DEBUG", None)
         Sandbox.create(timeout=60).kill()  # warm-up: compiles sandboxd, builds the base image
-        times: dict[str, list[float]] = {"create": [], "pause": [], "connect (resume)": [], "kill": []}
+        times: dict[str, list[float]] = {
+            "create": [],
+            "pause": [],
+            "connect (resume)": [],
+            "kill": [],
+        }
         for _ in range(args.n):
             t = time.perf_counter()
             sandbox = Sandbox.create(timeout=120)

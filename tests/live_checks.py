@@ -1,23 +1,20 @@
 """What the black-box suites (tests/retry, tests/faults, tests/fuzz, tests/soak) and
-``bench/soak.py`` check on a live e2bfacade started by ``tests/contract/live_server.py``:
+``bench/soak.py`` check on a live e2bfacade started by ``tests/live_server.py``:
 the error shape on the wire, the server's database and its runtime, and whether the two
 agree. No pytest here: the soak script uses it too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from tests.contract.live_server import LiveServer
+from tests import live_server as ls
+from tests.live_server import LiveServer
 
 TRANSITIONAL = ("creating", "pausing", "resuming", "killing")
 LIVE = ("running", "paused", *TRANSITIONAL)
@@ -57,37 +54,13 @@ def client(server: LiveServer, *, api_key: str | None = None, timeout: float = 3
 
 
 # ------------------------------------------------------------------------------ database
-def _libpq(url: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(scheme="postgresql"))
-
-
 def is_postgres(server: LiveServer) -> bool:
-    return urlsplit(server.env["DATABASE_URL"]).scheme in ("postgres", "postgresql", "pgsql")
-
-
-@contextlib.contextmanager
-def _connect(server: LiveServer) -> Iterator[Any]:
-    url = server.env["DATABASE_URL"]
-    if is_postgres(server):
-        import psycopg
-
-        with psycopg.connect(_libpq(url), autocommit=True, connect_timeout=10) as conn:
-            yield conn
-    else:
-        lite = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=20)
-        lite.isolation_level = None
-        try:
-            yield lite
-        finally:
-            lite.close()
+    return ls.is_postgres(server.env["DATABASE_URL"])
 
 
 def query(server: LiveServer, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Run one statement on the server's own database (PostgreSQL ``%s`` placeholders)."""
-    if not is_postgres(server):
-        sql = sql.replace("%s", "?")
-    with _connect(server) as conn:
-        return list(conn.execute(sql, params).fetchall())
+    return ls.query(server.env["DATABASE_URL"], sql, params)
 
 
 def db_states(server: LiveServer, *, include_killed: bool = False) -> dict[str, str]:

@@ -5,19 +5,14 @@ beside a failing test's traceback."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from tests.contract.live_server import REPO, LiveServer, ServerError, live_server
+from tests.live_server import LiveServer, ServerError, live_server, suite_database_url
 
 # The servers a suite started and that are still up: a failure report shows their logs.
 running: list[LiveServer] = []
-
-
-def suite_database_url() -> str:
-    return os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
 
 
 @contextlib.contextmanager

@@ -128,9 +128,7 @@ def test_unicode_everywhere_is_kept_or_refused_cleanly(
     assert nul["status"] == 400
 
 
-@pytest.mark.parametrize(
-    "sandbox_id", ["..%2F..%2Fetc", "x" * 10_000, "%F0%9F%9A%80", "a%2Fb"]
-)
+@pytest.mark.parametrize("sandbox_id", ["..%2F..%2Fetc", "x" * 10_000, "%F0%9F%9A%80", "a%2Fb"])
 def test_hostile_sandbox_ids_are_a_404_in_shape(api_client: APIClient, sandbox_id: str) -> None:
     for method, suffix in [("GET", ""), ("DELETE", ""), ("POST", "/pause"), ("POST", "/connect")]:
         response = api_client.generic(method, f"/sandboxes/{sandbox_id}{suffix}")

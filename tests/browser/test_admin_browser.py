@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.contract.live_server import REPO, LiveServer, ServerError, _manage, live_server
+from tests.live_server import LiveServer, ServerError, live_server, manage, suite_database_url
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"
@@ -49,9 +49,8 @@ def _tool(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
     try:
-        with live_server(suite_url, workers=2) as running:
+        with live_server(suite_database_url(), workers=2) as running:
             yield running
     except ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
@@ -78,7 +77,7 @@ def test_operator_finds_a_sandboxs_idempotency_record_in_the_browser(
             pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
 
     password = secrets.token_urlsafe(16)
-    _manage(
+    manage(
         {**server.env, "DJANGO_SUPERUSER_PASSWORD": password},
         "createsuperuser",
         "--noinput",

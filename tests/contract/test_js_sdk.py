@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.live_server import LiveServer
+from tests.live_server import LiveServer
 
 JS_DIR = Path(__file__).resolve().parent / "js"
 PINNED = json.loads((JS_DIR / "package.json").read_text())["dependencies"]["e2b"]

@@ -23,7 +23,7 @@ from e2b import (
     SandboxState,
 )
 
-from tests.contract.live_server import LiveServer
+from tests.live_server import LiveServer
 
 SLACK = timedelta(seconds=3)
 Register = Callable[[str], str]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.live_server import LiveServer
 from tests.live_fixtures import attach_log_tails, started
+from tests.live_server import LiveServer
 
 # SIGKILL the process that reaches the point; or raise a runtime error there.
 KILL_POINTS = ["runtime.pause.after", "runtime.kill.after", "runtime.create.after"]

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from tests import live_checks as lc
-from tests.contract.live_server import LiveServer
 from tests.live_fixtures import suite_database_url
+from tests.live_server import LiveServer
 
 pytestmark = [
     pytest.mark.skipif(

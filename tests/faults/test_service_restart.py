@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 from tests import live_checks as lc
-from tests.contract.live_server import LiveServer
+from tests.live_server import LiveServer
 
 RUNNING, PAUSED = 4, 3
 

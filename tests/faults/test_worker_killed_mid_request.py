@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from tests import live_checks as lc
-from tests.contract.live_server import LiveServer
 from tests.faults.conftest import Failpoints
+from tests.live_server import LiveServer
 
 
 @pytest.fixture

@@ -3,14 +3,13 @@ setup): whichever worker answers the scrape reports the requests of all of them.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.contract.live_server import REPO, ServerError, live_server
+from tests.live_server import ServerError, live_server, suite_database_url
 
 REQUESTS = 60
 
@@ -25,10 +24,9 @@ def _ready_count(text: str) -> float:
 
 
 def test_every_worker_reports_the_sum_of_all_workers_requests() -> None:
-    suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
     try:
         with (
-            live_server(suite_url, workers=3) as server,
+            live_server(suite_database_url(), workers=3) as server,
             httpx.Client(base_url=server.url, timeout=30) as http,
         ):
             # Concurrent, so that the requests spread over the workers.

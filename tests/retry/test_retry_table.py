@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests import live_checks as lc
-from tests.contract.live_server import REPO, LiveServer
+from tests.live_server import REPO, LiveServer
 
 SEQUENTIAL = [5, 50]
 ROUNDS = 5

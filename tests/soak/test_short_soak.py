@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from tests.contract.live_server import REPO
 from tests.live_fixtures import suite_database_url
+from tests.live_server import REPO
 
 SECONDS = 20
 
