@@ -26,7 +26,8 @@ class Operation:
     # (team, params, body, resource_id) -> (status, JSON payload). Idempotent by id.
     execute: Callable[[Team, Params, Body, str], tuple[int, Any]]
     # Runs inside the claim transaction of a new key: makes the intent durable (e.g. the
-    # sandbox row in state "creating"). May raise ApiError for a deterministic refusal.
+    # sandbox row in state "creating"). May raise ApiError for a deterministic refusal, but
+    # only before it writes anything: the refusal is stored in that same transaction.
     reserve: Callable[[Team, Params, Body, str], None] | None = None
 
 

@@ -236,8 +236,8 @@ def _claim(
         _advisory("pg_try_advisory_lock", record.pk)
         if op.reserve is not None:
             try:
-                with transaction.atomic():
-                    op.reserve(team, params, body, record.resource_id)
+                # No savepoint: a reserve raises ApiError only before it writes (registry).
+                op.reserve(team, params, body, record.resource_id)
             except ApiError as exc:
                 result = error_result(exc)
                 _store(record, result, now)

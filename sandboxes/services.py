@@ -95,11 +95,13 @@ def sandbox_reserve(
     is allocated. Deterministic refusals (unknown template, timeout too long) are raised
     here, before any row exists. Joins the caller's transaction if there is one."""
     check_timeout(request.timeout)
-    template = Template.objects.resolve(team.pk, request.template_ref)
-    if template is not None:
-        # Lock the template row until our sandbox row is committed: template_delete takes
-        # the same lock, so it either sees this sandbox or runs before we resolve.
-        template = Template.objects.select_for_update().filter(pk=template.pk).first()
+    # Resolve and lock in one query (the candidates — at most the team's alias and a public
+    # one — in pk order, so concurrent creates lock them alike). The lock holds until our
+    # sandbox row is committed: template_delete takes it too, so it either sees this
+    # sandbox or runs before we resolve.
+    template = (
+        Template.objects.select_for_update().order_by("pk").resolve(team.pk, request.template_ref)
+    )
     if template is None:
         raise NotFound(f"template '{request.template_ref}' not found")
     now = timezone.now()
