@@ -9,10 +9,6 @@ never see each other's sandboxes. Nothing of the runtime is mocked.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,94 +18,19 @@ from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
 from sandboxes import services
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import ImageInUse, RuntimeUnavailable
-from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
-from templates.models import Template
+from sandboxes.runtime.local import LocalRuntime
 from tests.factories import ApiKeyFactory, TeamFactory
-
-
-def _daemon_pids(root: Path) -> list[int]:
-    """The sandboxd launchers this session started for ``root`` (found by their socket path)."""
-    prefix = str(root / "run").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:2] == [b"daemon"] and len(argv) > 2 and argv[2].startswith(prefix):
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_everything(rt: LocalRuntime) -> None:
-    """Kill every sandbox of ``rt`` and delete every image but base (children first)."""
-    ids = {p.name for p in (rt.root / "sandboxes").iterdir() if not p.name.startswith(".")}
-    for sandbox_id in ids | rt.cgroups.list_ids():
-        rt.kill(sandbox_id)
-    rt.reap_orphans()
-    images = [i for i in rt.list_images() if i != BASE_IMAGE]
-    while images:
-        left = []
-        for image_id in images:
-            try:
-                rt.delete_image(image_id)
-            except ImageInUse:
-                left.append(image_id)
-        if len(left) == len(images):
-            raise AssertionError(f"images still in use after every sandbox was killed: {left}")
-        images = left
+from tests.runtime_support import django_runtime, session_sandbox_root
 
 
 @pytest.fixture(scope="session")
 def sandbox_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="/tmp/e2ba-"))
-    yield root
-    # Tear down what this session made: sandboxes, the launcher daemon, the cgroup parents.
-    try:
-        rt = LocalRuntime(root)
-    except RuntimeUnavailable:
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    _kill_everything(rt)
-    for pid in _daemon_pids(root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)  # it is our child (started by ensure_daemon): reap it
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    parents = (
-        list(rt.cgroups.roots.values())  # type: ignore[attr-defined]
-        if rt.cgroups.version == 1
-        else [rt.cgroups.root]  # type: ignore[attr-defined]
-    )
-    for parent in parents:
-        try:
-            parent.rmdir()
-        except OSError:
-            pass
-    shutil.rmtree(root, ignore_errors=True)
+    yield from session_sandbox_root("e2ba-")
 
 
 @pytest.fixture(autouse=True)
 def runtime(settings: Any, sandbox_root: Path, db: None) -> Iterator[LocalRuntime]:
-    """The real local runtime every API call of the test uses; emptied when the test ends."""
-    settings.SANDBOX_ROOT = sandbox_root
-    try:
-        rt = get_runtime()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"the local runtime cannot run here: {exc.message}")
-    assert isinstance(rt, LocalRuntime)
-    # The public base template comes from a data migration; a transactional test's flush
-    # deletes it, so make sure it is there for every test.
-    Template.objects.get_or_create(
-        template_id="base", defaults={"alias": "base", "image_id": BASE_IMAGE, "team": None}
-    )
-    yield rt
-    _kill_everything(rt)
+    yield from django_runtime(settings, sandbox_root)
 
 
 @pytest.fixture

@@ -7,10 +7,6 @@ at one of the failpoints (the real-process tests kill real gunicorn workers inst
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +18,9 @@ from rest_framework.test import APIClient
 from e2bfacade.models import ApiKey, Team
 from idempotency import services as idempotency_services
 from sandboxes import services as sandbox_services
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import ImageInUse, RuntimeUnavailable
-from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
-from templates.models import Template
+from sandboxes.runtime.local import LocalRuntime
 from tests.factories import ApiKeyFactory, TeamFactory
+from tests.runtime_support import django_runtime, session_sandbox_root
 
 
 class Crash(BaseException):
@@ -34,83 +28,14 @@ class Crash(BaseException):
     way up handles it, exactly as nothing runs after a SIGKILL (``finally`` blocks aside)."""
 
 
-def _daemon_pids(root: Path) -> list[int]:
-    """Every helper process serving ``root`` (the sandboxd listener and its keeper, whatever
-    they call themselves): any process whose command line names a socket under it."""
-    prefix = str(root / "run" / "sandboxd-").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(prefix in arg for arg in argv):
-            pids.append(int(entry))
-    return pids
-
-
-def kill_everything(rt: LocalRuntime) -> None:
-    """Kill every sandbox of ``rt`` and delete every image but base (children first)."""
-    ids = {p.name for p in (rt.root / "sandboxes").iterdir() if not p.name.startswith(".")}
-    for sandbox_id in ids | rt.cgroups.list_ids():
-        rt.kill(sandbox_id)
-    rt.reap_orphans()
-    images = [i for i in rt.list_images() if i != BASE_IMAGE]
-    while images:
-        left = []
-        for image_id in images:
-            try:
-                rt.delete_image(image_id)
-            except ImageInUse:
-                left.append(image_id)
-        if len(left) == len(images):
-            raise AssertionError(f"images still in use after every sandbox was killed: {left}")
-        images = left
-
-
 @pytest.fixture(scope="session")
 def sandbox_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="e2bi-", dir="/tmp"))
-    yield root
-    try:
-        rt = LocalRuntime(root)
-    except RuntimeUnavailable:
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    kill_everything(rt)
-    for pid in _daemon_pids(root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)  # our child (started by the runtime's ensure_daemon): reap it
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    cg: Any = rt.cgroups
-    for parent in list(cg.roots.values()) if cg.version == 1 else [cg.root]:
-        try:
-            parent.rmdir()
-        except OSError:
-            pass
-    shutil.rmtree(root, ignore_errors=True)
+    yield from session_sandbox_root("e2bi-")
 
 
 @pytest.fixture
 def runtime(settings: Any, sandbox_root: Path, db: None) -> Iterator[LocalRuntime]:
-    """The real local runtime every API call of the test uses; emptied when the test ends."""
-    settings.SANDBOX_ROOT = sandbox_root
-    try:
-        rt = get_runtime()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"the local runtime cannot run here: {exc.message}")
-    assert isinstance(rt, LocalRuntime)
-    # The public base template comes from a data migration; a transactional test's flush
-    # deletes it, so make sure it is there for every test.
-    Template.objects.get_or_create(
-        template_id="base", defaults={"alias": "base", "image_id": BASE_IMAGE, "team": None}
-    )
-    yield rt
-    kill_everything(rt)
+    yield from django_runtime(settings, sandbox_root)
 
 
 @pytest.fixture

@@ -14,27 +14,14 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import RuntimeUnavailable
-from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
-from templates.models import Template
-from tests.api.conftest import _kill_everything
+from sandboxes.runtime.local import LocalRuntime
 from tests.api.conftest import sandbox_root as sandbox_root  # the session's runtime root
+from tests.runtime_support import django_runtime
 
 
 @pytest.fixture
 def runtime(settings: Any, sandbox_root: Path, db: None) -> Iterator[LocalRuntime]:
-    settings.SANDBOX_ROOT = sandbox_root
-    try:
-        rt = get_runtime()
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"the local runtime cannot run here: {exc.message}")
-    assert isinstance(rt, LocalRuntime)
-    Template.objects.get_or_create(
-        template_id="base", defaults={"alias": "base", "image_id": BASE_IMAGE, "team": None}
-    )
-    yield rt
-    _kill_everything(rt)
+    yield from django_runtime(settings, sandbox_root)
 
 
 @pytest.fixture

@@ -1,0 +1,98 @@
+"""The real local runtime for Django-level tests (tests/api, tests/idempotency, tests/ops):
+a session's sandbox root, the per-test runtime fixture's body, and a thorough cleanup."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxes.runtime import get_runtime
+from sandboxes.runtime.base import ImageInUse, RuntimeUnavailable
+from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
+from templates.models import Template
+
+
+def helper_pids(root: Path) -> list[int]:
+    """Every sandboxd process serving ``root`` (the listener and its keeper, whatever they
+    call themselves): any process whose command line names a socket under it."""
+    prefix = str(root / "run" / "sandboxd-").encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(prefix in arg for arg in argv):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_everything(rt: LocalRuntime) -> None:
+    """Kill every sandbox of ``rt`` and delete every image but base (children first)."""
+    ids = {p.name for p in (rt.root / "sandboxes").iterdir() if not p.name.startswith(".")}
+    for sandbox_id in ids | rt.cgroups.list_ids():
+        rt.kill(sandbox_id)
+    rt.reap_orphans()
+    images = [i for i in rt.list_images() if i != BASE_IMAGE]
+    while images:
+        left = []
+        for image_id in images:
+            try:
+                rt.delete_image(image_id)
+            except ImageInUse:
+                left.append(image_id)
+        if len(left) == len(images):
+            raise AssertionError(f"images still in use after every sandbox was killed: {left}")
+        images = left
+
+
+def session_sandbox_root(prefix: str) -> Iterator[Path]:
+    """A fresh SANDBOX_ROOT under /tmp (short: it holds a unix socket) for a test session;
+    afterwards its sandboxes, its sandboxd, its cgroup parents and its files are gone."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    yield root
+    try:
+        rt = LocalRuntime(root)
+    except RuntimeUnavailable:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    kill_everything(rt)
+    for pid in helper_pids(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # our child (started by the runtime's ensure_daemon): reap it
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    cg: Any = rt.cgroups
+    for parent in list(cg.roots.values()) if cg.version == 1 else [cg.root]:
+        try:
+            parent.rmdir()
+        except OSError:
+            pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def django_runtime(settings: Any, sandbox_root: Path) -> Iterator[LocalRuntime]:
+    """The real local runtime every API call of the test uses; emptied when the test ends."""
+    settings.SANDBOX_ROOT = sandbox_root
+    try:
+        rt = get_runtime()
+    except RuntimeUnavailable as exc:
+        pytest.skip(f"the local runtime cannot run here: {exc.message}")
+    assert isinstance(rt, LocalRuntime)
+    # The public base template comes from a data migration; a transactional test's flush
+    # deletes it, so make sure it is there for every test.
+    Template.objects.get_or_create(
+        template_id="base", defaults={"alias": "base", "image_id": BASE_IMAGE, "team": None}
+    )
+    yield rt
+    kill_everything(rt)
