@@ -9,10 +9,8 @@ a human to look at."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,30 +19,11 @@ import httpx
 import pytest
 
 from tests.live_server import LiveServer, ServerError, live_server, manage, suite_database_url
+from tests.node_support import npm_ci, require_node
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
-PINNED = json.loads((HERE / "package.json").read_text())["dependencies"]["playwright-core"]
-
-
-def _installed_version() -> str | None:
-    try:
-        package = HERE / "node_modules/playwright-core/package.json"
-        return str(json.loads(package.read_text())["version"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(
-            f"{name} is not installed: the browser test needs Node 20+ and npm "
-            "(scripts/setup.sh installs them)",
-            pytrace=False,
-        )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +38,12 @@ def server() -> Iterator[LiveServer]:
 def test_operator_finds_a_sandboxs_idempotency_record_in_the_browser(
     server: LiveServer,
 ) -> None:
-    node, npm = _tool("node"), _tool("npm")
+    node, npm = require_node("the browser test")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(
             f"{CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium", pytrace=False
         )
-    if _installed_version() != PINNED:
-        # A clean clone (or a stale install): exactly what package-lock.json pins.
-        install = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=HERE,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if install.returncode != 0 or _installed_version() != PINNED:
-            pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
+    npm_ci(HERE, "playwright-core", npm)
 
     password = secrets.token_urlsafe(16)
     manage(

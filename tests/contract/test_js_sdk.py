@@ -6,54 +6,19 @@ it gets its own end-to-end run."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.live_server import LiveServer
+from tests.node_support import npm_ci, require_node
 
 JS_DIR = Path(__file__).resolve().parent / "js"
-PINNED = json.loads((JS_DIR / "package.json").read_text())["dependencies"]["e2b"]
-
-
-def _installed_version() -> str | None:
-    try:
-        return str(json.loads((JS_DIR / "node_modules/e2b/package.json").read_text())["version"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(
-            f"{name} is not installed: the JS SDK contract test needs Node 20+ and npm "
-            "(scripts/setup.sh installs them)",
-            pytrace=False,
-        )
-    return path
 
 
 def test_js_sdk_smoke(live_server_e2b: LiveServer) -> None:
-    node, npm = _tool("node"), _tool("npm")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
-    if int(version.strip().lstrip("v").split(".")[0]) < 20:
-        pytest.fail(f"the JS SDK needs Node 20+, found {version}", pytrace=False)
-    if _installed_version() != PINNED:
-        # A clean clone (or a stale install): install exactly what package-lock.json pins.
-        install = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=JS_DIR,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if install.returncode != 0 or _installed_version() != PINNED:
-            pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
+    node, npm = require_node("the JS SDK contract test")
+    npm_ci(JS_DIR, "e2b", npm)
 
     env = {
         **os.environ,

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests import live_checks as lc
 from tests.live_fixtures import attach_log_tails, started
 from tests.live_server import LiveServer
 
@@ -67,6 +70,25 @@ def _disarmed_after(failpoints: Failpoints) -> Iterator[None]:
     """A test that failed before its point fired must not leave it armed for the next."""
     yield
     failpoints.disarm_all()
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with lc.client(server) as client:
+        yield client
+
+
+@pytest.fixture
+def tag() -> str:
+    return f"fault-{uuid.uuid4().hex[:12]}"
+
+
+def create(http: httpx.Client, tag: str) -> str:
+    response = http.post(
+        "/v2/sandboxes", json={"templateID": "base", "timeout": 600, "metadata": {"tag": tag}}
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["sandboxID"])
 
 
 @pytest.hookimpl(wrapper=True)

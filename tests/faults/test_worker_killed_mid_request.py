@@ -5,34 +5,12 @@ to what the runtime actually did. Nothing stays stuck, nothing leaks."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from tests import live_checks as lc
-from tests.faults.conftest import Failpoints
+from tests.faults.conftest import Failpoints, create
 from tests.live_server import LiveServer
-
-
-@pytest.fixture
-def http(server: LiveServer) -> Iterator[httpx.Client]:
-    with lc.client(server) as client:
-        yield client
-
-
-@pytest.fixture
-def tag() -> str:
-    return f"fault-{uuid.uuid4().hex[:12]}"
-
-
-def create(http: httpx.Client, tag: str) -> str:
-    response = http.post(
-        "/v2/sandboxes", json={"templateID": "base", "timeout": 600, "metadata": {"tag": tag}}
-    )
-    assert response.status_code == 201, response.text
-    return str(response.json()["sandboxID"])
 
 
 def killed_mid_request(server: LiveServer, method: str, path: str, **kwargs: object) -> None:

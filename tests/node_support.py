@@ -1,0 +1,55 @@
+"""Node.js for the tests that drive a JS package (the JS SDK smoke test, the browser test):
+find node and npm, and install exactly the versions a folder's package-lock.json pins."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def require_node(purpose: str) -> tuple[str, str]:
+    """(node, npm) — or fail the test, saying why, when either is missing or Node < 20."""
+    tools = []
+    for name in ("node", "npm"):
+        path = shutil.which(name)
+        if path is None:
+            pytest.fail(
+                f"{name} is not installed: {purpose} needs Node 20+ and npm "
+                "(scripts/setup.sh installs them)",
+                pytrace=False,
+            )
+        tools.append(path)
+    node, npm = tools
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
+    if int(version.strip().lstrip("v").split(".")[0]) < 20:
+        pytest.fail(f"{purpose} needs Node 20+, found {version}", pytrace=False)
+    return node, npm
+
+
+def npm_ci(folder: Path, package: str, npm: str) -> None:
+    """Make ``folder/node_modules`` hold the pinned ``package``: on a clean clone (or after a
+    pin changed) run ``npm ci``, which installs exactly what package-lock.json says."""
+    pinned = json.loads((folder / "package.json").read_text())["dependencies"][package]
+
+    def installed() -> str | None:
+        try:
+            manifest = folder / "node_modules" / package / "package.json"
+            return str(json.loads(manifest.read_text())["version"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    if installed() == pinned:
+        return
+    install = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if install.returncode != 0 or installed() != pinned:
+        pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
