@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 from e2b import Sandbox  # noqa: E402
 
-from tests.live_server import Deployment  # noqa: E402
+from tests.support.live_server import Deployment  # noqa: E402
 
 BODY = {"templateID": "base", "timeout": 300}
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxes.runtime.base import SandboxSpec  # noqa: E402
-from sandboxes.runtime.cgroups import CgroupsV1  # noqa: E402
-from sandboxes.runtime.local import LocalRuntime  # noqa: E402
+from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
+from e2bfacade.runtime.cgroups import CgroupsV1  # noqa: E402
+from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
 
 MiB = 1024 * 1024
 OPS = ("create", "pause", "resume", "snapshot", "kill")

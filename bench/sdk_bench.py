@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from e2b import Sandbox  # noqa: E402
 
-from tests.live_server import live_server  # noqa: E402
+from tests.support.live_server import live_server  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:

@@ -48,8 +48,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e2bfacade.settings")
 
 import httpx  # noqa: E402
 
-from tests import live_checks as lc  # noqa: E402
-from tests.live_server import LiveServer, live_server  # noqa: E402
+from tests.support import live_checks as lc  # noqa: E402
+from tests.support.live_server import LiveServer, live_server  # noqa: E402
 
 MAX_SECONDS = 3600
 SANDBOX_ID = re.compile(r"\bi[a-z0-9]{20}\b")

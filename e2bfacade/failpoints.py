@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from sandboxes.runtime.base import CreateRefused, RuntimeBusy
+from e2bfacade.runtime.base import CreateRefused, RuntimeBusy
 
 
 class InjectedFault(RuntimeBusy):

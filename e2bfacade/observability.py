@@ -121,7 +121,7 @@ def idempotency_purged(count: int) -> None:
 
 
 # ------------------------------------------------------------------------------ runtime
-# The operations of sandboxes.runtime.base.Runtime: only these are timed (helpers and
+# The operations of e2bfacade.runtime.base.Runtime: only these are timed (helpers and
 # attributes pass through), which also bounds the ``op`` label.
 RUNTIME_OPERATIONS = (
     "ensure_base_image",

@@ -50,7 +50,7 @@ def check_database() -> None:
 def check_runtime() -> None:
     """The runtime can be built here (root, namespaces, cgroups, a usable SANDBOX_ROOT) and
     read its images. Cheap: a directory listing; it does not start or compile sandboxd."""
-    from sandboxes.runtime import get_runtime
+    from e2bfacade.sandbox_runtime import get_runtime
 
     get_runtime().list_images()
 

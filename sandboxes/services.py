@@ -28,10 +28,7 @@ from e2bfacade.errors import (
 )
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
-from idempotency.models import IdempotencyRecord
-from sandboxes.models import Sandbox, new_sandbox_id
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import (
+from e2bfacade.runtime.base import (
     CreateRefused,
     ImageNotFound,
     RuntimeConflict,
@@ -41,7 +38,10 @@ from sandboxes.runtime.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.runtime.local import BASE_IMAGE
+from e2bfacade.runtime.local import BASE_IMAGE
+from e2bfacade.sandbox_runtime import get_runtime
+from idempotency.models import IdempotencyRecord
+from sandboxes.models import Sandbox, new_sandbox_id
 from templates.models import Template
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, Conflict
 from e2bfacade.models import Team
+from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError
+from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import SandboxNotFound, SandboxRuntimeError
 from sandboxes.services import (
     CreateRequest,
     check_timeout,

@@ -48,7 +48,7 @@ class Template(models.Model):
     # NULL, not "": an unnamed template must not collide with another under the unique alias.
     alias = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TEMPLATE)
-    # The runtime image this template starts from (see sandboxes.runtime).
+    # The runtime image this template starts from (see e2bfacade.runtime).
     image_id = models.CharField(max_length=64)
     cpu_count = models.PositiveIntegerField(default=2)
     memory_mb = models.PositiveIntegerField(default=512)

@@ -9,9 +9,9 @@ from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import ImageInUse, check_id
-from sandboxes.runtime.local import BASE_IMAGE
+from e2bfacade.runtime.base import ImageInUse, check_id
+from e2bfacade.runtime.local import BASE_IMAGE
+from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template, new_template_id
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
-from tests.factories import ApiKeyFactory, TeamFactory
+from tests.support.factories import ApiKeyFactory, TeamFactory
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 
 from e2bfacade.models import ApiKey, Team, hash_api_key
-from tests.factories import ApiKeyFactory
+from tests.support.factories import ApiKeyFactory
 
 pytestmark = pytest.mark.django_db
 

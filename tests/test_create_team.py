@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team, hash_api_key
-from tests.factories import TeamFactory
+from tests.support.factories import TeamFactory
 
 
 def run_create_team(*args: str) -> list[str]:

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from e2bfacade.models import RateLimitWindow
 from e2bfacade.throttling import purge_windows
-from tests.factories import ApiKeyFactory
+from tests.support.factories import ApiKeyFactory
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The built-in public ``base`` template: the host's /usr, read-only, over a fresh /etc.
 
-Its runtime image is built on first use (see sandboxes.runtime.local.ensure_base_image), so
+Its runtime image is built on first use (see e2bfacade.runtime.local.ensure_base_image), so
 migrating needs no root and no sandbox support.
 """
 

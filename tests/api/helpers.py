@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from sandboxes.runtime.base import SandboxNotFound, SandboxState
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import SandboxNotFound, SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 
 NOT_FOUND = "Sandbox \"{}\" doesn't exist or you don't have access to it"
 postgres_only = pytest.mark.skipif(

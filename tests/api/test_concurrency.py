@@ -11,9 +11,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey
+from e2bfacade.runtime.base import SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import SandboxState
-from sandboxes.runtime.local import LocalRuntime
 from tests.api.helpers import NOT_FOUND, postgres_only, run_at_once, runtime_state
 
 CreateSandbox = Callable[..., dict[str, Any]]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
 from tests.api.helpers import assert_error
 
 ROUTES = ["/v2/sandboxes", "/sandboxes"]

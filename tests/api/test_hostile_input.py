@@ -8,8 +8,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.parsers import MAX_DEPTH
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
 
 
 def post_raw(

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from e2bfacade.models import Team
 from sandboxes.models import Sandbox
 from tests.api.helpers import assert_error
-from tests.factories import SandboxFactory, TemplateFactory
+from tests.support.factories import SandboxFactory, TemplateFactory
 
 State = Sandbox.State
 LISTED_FIELDS = {

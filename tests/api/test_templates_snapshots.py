@@ -10,12 +10,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.models import Team
+from e2bfacade.runtime.base import SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import SandboxState
-from sandboxes.runtime.local import LocalRuntime
 from templates.models import Template
 from tests.api.helpers import assert_error, runtime_state
-from tests.factories import TemplateFactory
+from tests.support.factories import TemplateFactory
 
 CreateSandbox = Callable[..., dict[str, Any]]
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.base import SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import SandboxState
-from sandboxes.runtime.local import LocalRuntime
 from templates.models import Template
 from tests.api.helpers import NOT_FOUND, assert_error, runtime_state
 

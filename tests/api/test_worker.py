@@ -15,12 +15,12 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.base import SandboxSpec, SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.management.commands.run_worker import Command
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import SandboxSpec, SandboxState
-from sandboxes.runtime.local import LocalRuntime
 from tests.api.helpers import postgres_only, run_at_once, runtime_state
-from tests.factories import SandboxFactory
+from tests.support.factories import SandboxFactory
 
 CreateSandbox = Callable[..., dict[str, Any]]
 State = Sandbox.State

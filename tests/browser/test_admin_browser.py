@@ -18,8 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.live_server import LiveServer, ServerError, live_server, manage, suite_database_url
-from tests.node_support import npm_ci, require_node
+from tests.support.live_server import (
+    LiveServer,
+    ServerError,
+    live_server,
+    manage,
+    suite_database_url,
+)
+from tests.support.node_support import npm_ci, require_node
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"

@@ -1,10 +1,10 @@
 """Contract tests: the unmodified E2B SDKs against a real e2bfacade server.
 
 These tests are black-box. One gunicorn server is started for the whole session (see
-tests/live_server.py), on a database of its own (a fresh PostgreSQL database beside the suite's
-``DATABASE_URL``, or a temporary SQLite file) and a temporary ``SANDBOX_ROOT``; the tests
-talk to it only over HTTP, through the SDKs or httpx. They never touch the Django test
-database (no ``django_db`` mark), so they see exactly what an SDK user sees.
+tests/support/live_server.py), on a database of its own (a fresh PostgreSQL database beside
+the suite's ``DATABASE_URL``, or a temporary SQLite file) and a temporary ``SANDBOX_ROOT``;
+the tests talk to it only over HTTP, through the SDKs or httpx. They never touch the Django
+test database (no ``django_db`` mark), so they see exactly what an SDK user sees.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.live_server import REPO, LiveServer, ServerError, live_server
+from tests.support.live_server import REPO, LiveServer, ServerError, live_server
 
 _server: LiveServer | None = None
 

@@ -21,7 +21,7 @@ from e2b.api.client.models import (
     Sandbox as SandboxModel,
 )
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 SLACK = timedelta(seconds=3)
 Register = Callable[[str], str]

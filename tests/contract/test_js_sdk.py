@@ -10,8 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.live_server import LiveServer
-from tests.node_support import npm_ci, require_node
+from tests.support.live_server import LiveServer
+from tests.support.node_support import npm_ci, require_node
 
 JS_DIR = Path(__file__).resolve().parent / "js"
 

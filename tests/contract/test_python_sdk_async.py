@@ -23,7 +23,7 @@ from e2b import (
     SandboxState,
 )
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 SLACK = timedelta(seconds=3)
 Register = Callable[[str], str]

@@ -23,7 +23,7 @@ from e2b import (
 )
 from packaging.version import Version
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 # Clock slack between the server's "now" and ours (same machine) plus request latency.
 SLACK = timedelta(seconds=3)

@@ -32,7 +32,7 @@ from e2b.api.client.models import (
 from e2b.api.client.models import SnapshotInfo as SnapshotInfoModel
 from e2b.api.client.models import Template as TemplateModel
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 Register = Callable[[str], str]
 MakeSandbox = Callable[..., Sandbox]

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import live_checks as lc
-from tests.live_fixtures import attach_log_tails, started
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_fixtures import attach_log_tails, started
+from tests.support.live_server import LiveServer
 
 # SIGKILL the process that reaches the point; or raise a runtime error there.
 KILL_POINTS = ["runtime.pause.after", "runtime.kill.after", "runtime.create.after"]

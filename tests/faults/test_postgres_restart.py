@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests import live_checks as lc
-from tests.live_fixtures import suite_database_url
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_fixtures import suite_database_url
+from tests.support.live_server import LiveServer
 
 pytestmark = [
     pytest.mark.skipif(

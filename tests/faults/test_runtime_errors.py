@@ -9,9 +9,9 @@ import uuid
 
 import httpx
 
-from tests import live_checks as lc
 from tests.faults.conftest import Failpoints, create
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_server import LiveServer
 
 
 def unavailable(response: httpx.Response) -> dict[str, object]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import uuid
 
-from tests import live_checks as lc
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_server import LiveServer
 
 RUNNING, PAUSED = 4, 3
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests import live_checks as lc
 from tests.faults.conftest import Failpoints, create
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_server import LiveServer
 
 
 def killed_mid_request(server: LiveServer, method: str, path: str, **kwargs: object) -> None:

@@ -4,7 +4,7 @@ from collections.abc import Generator
 
 import pytest
 
-from tests.live_fixtures import attach_log_tails
+from tests.support.live_fixtures import attach_log_tails
 
 
 @pytest.hookimpl(wrapper=True)

@@ -24,9 +24,9 @@ from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests import live_checks as lc
-from tests.live_fixtures import started
-from tests.live_server import LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_fixtures import started
+from tests.support.live_server import LiveServer
 
 EXAMPLES = 25
 # Short-lived sandboxes: what the fuzzer creates cannot outlive the test by much.

@@ -16,11 +16,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency import services as idempotency_services
 from sandboxes import services as sandbox_services
-from sandboxes.runtime.local import LocalRuntime
-from tests.factories import ApiKeyFactory, TeamFactory
-from tests.runtime_support import django_runtime, session_sandbox_root
+from tests.support.factories import ApiKeyFactory, TeamFactory
+from tests.support.runtime_support import django_runtime, session_sandbox_root
 
 
 class Crash(BaseException):

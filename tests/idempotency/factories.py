@@ -13,7 +13,7 @@ from factory.django import DjangoModelFactory
 
 from idempotency import crypto
 from idempotency.models import IdempotencyRecord
-from tests.factories import TeamFactory
+from tests.support.factories import TeamFactory
 
 
 class IdempotencyRecordFactory(DjangoModelFactory[IdempotencyRecord]):

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
 from tests.idempotency.conftest import PostFn
 
 pytestmark = pytest.mark.usefixtures("runtime")

@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
 from templates.models import Template
 from tests.idempotency.conftest import Crash, PostFn
 

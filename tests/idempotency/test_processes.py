@@ -24,7 +24,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.live_server import (
+from tests.support.live_server import (
     REPO,
     Deployment,
     Server,

@@ -18,14 +18,14 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from e2bfacade.models import Team
+from e2bfacade.runtime.base import SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency import services as idempotency
 from idempotency.models import IdempotencyRecord
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
-from sandboxes.runtime.base import SandboxState
-from sandboxes.runtime.local import LocalRuntime
-from tests.factories import SandboxFactory, TemplateFactory
 from tests.idempotency.conftest import Crash, PostFn
+from tests.support.factories import SandboxFactory, TemplateFactory
 
 pytestmark = pytest.mark.usefixtures("runtime")
 

@@ -11,11 +11,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from e2bfacade.models import Team
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
-from tests.factories import TemplateFactory
 from tests.idempotency.conftest import PostFn
+from tests.support.factories import TemplateFactory
 
 pytestmark = pytest.mark.usefixtures("runtime")
 

@@ -13,9 +13,9 @@ import pytest
 import time_machine
 from django.core.management import call_command
 
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
 from tests.idempotency.conftest import Crash, PostFn
 from tests.idempotency.factories import IdempotencyRecordFactory
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime
 from tests.api.conftest import sandbox_root as sandbox_root  # the session's runtime root
-from tests.runtime_support import django_runtime
+from tests.support.runtime_support import django_runtime
 
 
 @pytest.fixture

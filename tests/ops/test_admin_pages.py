@@ -17,13 +17,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency import crypto
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
 from snapshots.models import Snapshot
 from templates.models import Template
-from tests.factories import SandboxFactory, TemplateFactory
+from tests.support.factories import SandboxFactory, TemplateFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.db.utils import OperationalError
 from rest_framework.test import APIClient
 
 from e2bfacade import views
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime
 
 pytestmark = pytest.mark.django_db
 

@@ -16,11 +16,11 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.local import LocalRuntime
 from idempotency.models import IdempotencyRecord
 from idempotency.services import purge_expired
 from sandboxes.models import Sandbox
-from sandboxes.runtime.local import LocalRuntime
-from tests.factories import SandboxFactory, TeamFactory
+from tests.support.factories import SandboxFactory, TeamFactory
 
 pytestmark = pytest.mark.django_db
 

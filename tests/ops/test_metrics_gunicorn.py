@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_server import ServerError, live_server, suite_database_url
+from tests.support.live_server import ServerError, live_server, suite_database_url
 
 REQUESTS = 60
 

@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey
 from e2bfacade.observability import JsonFormatter
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from tests.live_server import REPO, Deployment
+from tests.support.live_server import REPO, Deployment
 
 
 def test_run_worker_exits_zero_soon_after_sigterm() -> None:

@@ -7,8 +7,8 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.live_fixtures import attach_log_tails, started
-from tests.live_server import LiveServer
+from tests.support.live_fixtures import attach_log_tails, started
+from tests.support.live_server import LiveServer
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests import live_checks as lc
-from tests.live_server import REPO, LiveServer
+from tests.support import live_checks as lc
+from tests.support.live_server import REPO, LiveServer
 
 SEQUENTIAL = [5, 50]
 ROUNDS = 5

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime.base import RuntimeUnavailable
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import any_daemon_pids, compile_static, sigkill_and_reap
 
 PROBE_SOURCE = r"""

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandboxes.runtime import build
-from sandboxes.runtime.base import ExecResult
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime import build
+from e2bfacade.runtime.base import ExecResult
+from e2bfacade.runtime.local import LocalRuntime
 
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
 MiB = 1024 * 1024

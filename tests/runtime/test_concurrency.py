@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sandboxes.runtime.base import RuntimeConflict, SandboxInfo, SandboxSpec, SandboxState
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import RuntimeConflict, SandboxInfo, SandboxSpec, SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import cgroup_pids, daemon_pids, ok
 

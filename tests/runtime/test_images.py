@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime.base import (
+from e2bfacade.runtime.base import (
     CreateRefused,
     ImageNotFound,
     InvalidId,
     SandboxRuntimeError,
     SandboxSpec,
 )
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import cgroup_dirs
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime.base import SandboxRuntimeError, SandboxSpec
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import SandboxRuntimeError, SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import ok, sh
 
 

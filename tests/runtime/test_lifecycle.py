@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime.base import RuntimeConflict, SandboxSpec, SandboxState
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import RuntimeConflict, SandboxSpec, SandboxState
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import (
     any_daemon_pids,
     cgroup_dirs,

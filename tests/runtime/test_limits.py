@@ -6,8 +6,8 @@ import subprocess
 import threading
 import time
 
-from sandboxes.runtime.base import SandboxSpec
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import (
     MiB,
     cgroup_file,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.runtime.base import ImageInUse, SandboxRuntimeError, SandboxSpec
-from sandboxes.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import ImageInUse, SandboxRuntimeError, SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import ok, sh
 
 

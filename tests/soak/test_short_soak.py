@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from tests.live_fixtures import suite_database_url
-from tests.live_server import REPO
+from tests.support.live_fixtures import suite_database_url
+from tests.support.live_server import REPO
 
 SECONDS = 20
 

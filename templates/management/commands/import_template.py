@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from e2bfacade.models import Team
-from sandboxes.runtime.base import SandboxRuntimeError
+from e2bfacade.runtime.base import SandboxRuntimeError
 from templates.services import TemplateExists, template_import
 
 

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # live_server()'s SANDBOX_MAX_TIMEOUT_SECONDS: small, so that "over the maximum" is cheap.
 MAX_TIMEOUT = 3600
@@ -155,7 +155,7 @@ def _reap(root: Path) -> None:
     """What a server leaves on the host besides files: sandboxes (processes in cgroups), the
     launcher daemon and its keeper (they detach on purpose, so that a restarted service
     keeps its sandboxes) and the runtime's cgroup parents. Run by :func:`cleanup_runtime`."""
-    from sandboxes.runtime.local import LocalRuntime
+    from e2bfacade.runtime.local import LocalRuntime
 
     runtime = LocalRuntime(root)
     kill_all_sandboxes(runtime)
@@ -187,7 +187,8 @@ def cleanup_runtime(env: dict[str, str], root: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, pathlib, tests.live_server as ls; ls._reap(pathlib.Path(sys.argv[1]))",
+            "import sys, pathlib, tests.support.live_server as ls;"
+            " ls._reap(pathlib.Path(sys.argv[1]))",
             str(root),
         ],
         cwd=REPO,
@@ -503,7 +504,7 @@ class Deployment:
 
     # -------------------------------------------------------------------------- runtime
     def runtime(self) -> Any:
-        from sandboxes.runtime.local import LocalRuntime
+        from e2bfacade.runtime.local import LocalRuntime
 
         return LocalRuntime(self.sandbox_root)
 

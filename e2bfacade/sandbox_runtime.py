@@ -1,4 +1,4 @@
-"""Sandbox runtimes behind one interface (:mod:`sandboxes.runtime.base`), chosen by
+"""Sandbox runtimes behind one interface (:mod:`e2bfacade.runtime.base`), chosen by
 ``SANDBOX_RUNTIME``. Only ``local`` exists in this build."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 
 from e2bfacade import failpoints, observability
-from sandboxes.runtime.base import Runtime
+from e2bfacade.runtime.base import Runtime
 
 _lock = threading.Lock()
 _runtimes: dict[str, Runtime] = {}
@@ -21,7 +21,7 @@ def get_runtime() -> Runtime:
     key = f"{settings.SANDBOX_RUNTIME}:{settings.SANDBOX_ROOT}"
     with _lock:
         if key not in _runtimes:
-            from sandboxes.runtime.local import LocalRuntime
+            from e2bfacade.runtime.local import LocalRuntime
 
             # Always metered: every operation's duration goes to /metrics.
             runtime: Runtime = observability.metered(LocalRuntime)(settings.SANDBOX_ROOT)

@@ -35,8 +35,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandboxes.runtime import build, layers
-from sandboxes.runtime.base import (
+from e2bfacade.runtime import build, layers
+from e2bfacade.runtime.base import (
     CreateRefused,
     ExecResult,
     ImageInfo,
@@ -51,7 +51,7 @@ from sandboxes.runtime.base import (
     SandboxState,
     check_id,
 )
-from sandboxes.runtime.cgroups import Cgroups, detect
+from e2bfacade.runtime.cgroups import Cgroups, detect
 
 BASE_IMAGE = "base"
 LOCK_STRIPES = 256

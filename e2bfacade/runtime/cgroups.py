@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from sandboxes.runtime.base import RuntimeBusy, RuntimeUnavailable
+from e2bfacade.runtime.base import RuntimeBusy, RuntimeUnavailable
 
 CPU_PERIOD_US = 100_000
 

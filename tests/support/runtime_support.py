@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from sandboxes.runtime import get_runtime
-from sandboxes.runtime.base import ImageInUse, RuntimeUnavailable
-from sandboxes.runtime.local import BASE_IMAGE, LocalRuntime
+from e2bfacade.runtime.base import ImageInUse, RuntimeUnavailable
+from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime
+from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template
 
 

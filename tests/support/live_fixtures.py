@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.live_server import LiveServer, ServerError, live_server, suite_database_url
+from tests.support.live_server import LiveServer, ServerError, live_server, suite_database_url
 
 # The servers a suite started and that are still up: a failure report shows their logs.
 running: list[LiveServer] = []

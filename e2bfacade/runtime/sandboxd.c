@@ -1,7 +1,7 @@
 /*
  * sandboxd: the privileged helper of e2bfacade's local runtime.
  *
- * Two modes, one static binary (built by sandboxes/runtime/build.py):
+ * Two modes, one static binary (built by e2bfacade/runtime/build.py):
  *
  *   sandboxd daemon SOCKET
  *       A long-lived launcher and child subreaper. Each connection carries one "create"

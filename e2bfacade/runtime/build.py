@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandboxes.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.base import RuntimeUnavailable
 
 SOURCE = Path(__file__).with_name("sandboxd.c")
 

@@ -1,5 +1,5 @@
 """What the black-box suites (tests/retry, tests/faults, tests/fuzz, tests/soak) and
-``bench/soak.py`` check on a live e2bfacade started by ``tests/live_server.py``:
+``bench/soak.py`` check on a live e2bfacade started by ``tests/support/live_server.py``:
 the error shape on the wire, the server's database and its runtime, and whether the two
 agree. No pytest here: the soak script uses it too.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from tests import live_server as ls
-from tests.live_server import LiveServer
+from tests.support import live_server as ls
+from tests.support.live_server import LiveServer
 
 TRANSITIONAL = ("creating", "pausing", "resuming", "killing")
 LIVE = ("running", "paused", *TRANSITIONAL)
@@ -96,7 +96,7 @@ def template_ids(server: LiveServer) -> set[str]:
 # ------------------------------------------------------------------------------- runtime
 def runtime(server: LiveServer) -> Any:
     """The server's own runtime, read from this process (state lives on disk)."""
-    from sandboxes.runtime.local import LocalRuntime
+    from e2bfacade.runtime.local import LocalRuntime
 
     return LocalRuntime(server.sandbox_root)
 
@@ -110,7 +110,7 @@ def runtime_states(server: LiveServer) -> dict[str, str]:
 
 def runtime_state(server: LiveServer, sandbox_id: str) -> str | None:
     """running | paused | dead, or None when the runtime has no such sandbox."""
-    from sandboxes.runtime.base import SandboxNotFound
+    from e2bfacade.runtime.base import SandboxNotFound
 
     try:
         return str(runtime(server).status(sandbox_id).state)
