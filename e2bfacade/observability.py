@@ -8,6 +8,8 @@ Metrics (served at ``/metrics`` by :func:`e2bfacade.views.metrics`):
   cannot blow up the number of series;
 - ``e2bfacade_sandboxes_by_state{state}``: read from the database at scrape time, with one
   GROUP BY (the database is the source of truth, and every replica reports the same);
+  defined by the sandboxes app (``sandboxes/observability.py``) and added to each scrape
+  through :func:`register_scrape_collector`;
 - ``e2bfacade_runtime_operation_seconds{op,outcome}``: every public runtime call;
 - ``e2bfacade_idempotency_events_total{event}`` (executed, replay, mismatch, in_progress,
   takeover, release, unknown_outcome) and ``e2bfacade_idempotency_purged_records_total``.
@@ -35,8 +37,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
-from django.db import DatabaseError
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponseBase
 from prometheus_client import (
     REGISTRY,
@@ -47,10 +47,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("e2bfacade.request")
 
 # No ``*_created`` series: they double the output and nothing here graphs them (multiprocess
@@ -124,7 +122,6 @@ def idempotency_purged(count: int) -> None:
 # The operations of e2bfacade.runtime.base.Runtime: only these are timed (helpers and
 # attributes pass through), which also bounds the ``op`` label.
 RUNTIME_OPERATIONS = (
-    "ensure_base_image",
     "import_image",
     "image_info",
     "delete_image",
@@ -137,8 +134,15 @@ RUNTIME_OPERATIONS = (
     "snapshot",
     "kill",
     "metrics",
-    "exec",
-    "reap_orphans",
+    "sweep",
+    "start_process",
+    "stat",
+    "list_dir",
+    "make_dir",
+    "move",
+    "remove",
+    "read_file",
+    "write_file",
 )
 _timing = threading.local()
 R = TypeVar("R")
@@ -179,33 +183,17 @@ def metered(cls: type[T]) -> type[T]:
 
 
 # ----------------------------------------------------------------------------- scraping
-class SandboxStateCollector(Collector):
-    """``e2bfacade_sandboxes_by_state``, computed when scraped: one GROUP BY on the
-    sandbox table. Every state is reported, zeros included, so a series never vanishes."""
+# Collectors computed at scrape time (database gauges), contributed by the apps that own the
+# data: e2bfacade sits below every app and imports none of them, so an app registers its
+# gauge here from its AppConfig.ready() (sandboxes: ``e2bfacade_sandboxes_by_state``).
+_scrape_collectors: list[Collector] = []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        from sandboxes.models import Sandbox  # models load after settings; this runs late
 
-        try:
-            counts = dict(
-                Sandbox.objects.order_by()
-                .values_list("state")
-                .annotate(n=Count("*"))
-                .values_list("state", "n")
-            )
-        except DatabaseError:
-            # A scrape must not fail because the database is down: the readiness check and
-            # the request metrics say that. The gauge is simply absent from this scrape.
-            logger.warning("metrics: cannot count sandboxes by state", exc_info=True)
-            return
-        family = GaugeMetricFamily(
-            "e2bfacade_sandboxes_by_state",
-            "Sandboxes in the database by internal state (killed ones included).",
-            labels=["state"],
-        )
-        for state in Sandbox.State:
-            family.add_metric([state.value], counts.get(state.value, 0))
-        yield family
+def register_scrape_collector(collector: Collector) -> None:
+    """Add ``collector`` to every scrape. Registering the same object again is a no-op, so
+    an app's ready() may run more than once."""
+    if collector not in _scrape_collectors:
+        _scrape_collectors.append(collector)
 
 
 class _ThisProcess(Collector):
@@ -228,7 +216,8 @@ def scrape() -> bytes:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry.register(_ThisProcess())
-    registry.register(SandboxStateCollector())
+    for collector in _scrape_collectors:
+        registry.register(collector)
     return generate_latest(registry)
 
 

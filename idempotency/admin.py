@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import QuerySet
@@ -18,8 +19,9 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from idempotency import crypto
+from idempotency.maintenance import purge_expired
 from idempotency.models import IdempotencyRecord
-from idempotency.services import purge_expired
+from idempotency.registry import find_operation
 
 SECRET_FIELDS = re.compile(r"token|secret|password|key", re.IGNORECASE)
 
@@ -129,16 +131,16 @@ class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
 
     @admin.display(description="resource")
     def resource(self, obj: IdempotencyRecord) -> SafeString | str:
-        """The sandbox or snapshot this key reserved, linked when it exists."""
-        from sandboxes.models import Sandbox
-        from snapshots.models import Snapshot
-
-        if Sandbox.objects.filter(pk=obj.resource_id).exists():
-            url = reverse("admin:sandboxes_sandbox_change", args=[obj.resource_id])
-        elif Snapshot.objects.filter(pk=obj.resource_id, kind=Snapshot.Kind.SNAPSHOT).exists():
-            url = reverse("admin:snapshots_snapshot_change", args=[obj.resource_id])
-        else:
+        """The resource this key reserved (a sandbox, a snapshot), linked when it exists.
+        Which model that is, the record's registered operation says (``resource_model``)."""
+        op = find_operation(obj.route)
+        if op is None or op.resource_model is None:
             return obj.resource_id
+        model = apps.get_model(op.resource_model)
+        if not model._default_manager.filter(pk=obj.resource_id).exists():
+            return obj.resource_id
+        opts = model._meta
+        url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.resource_id])
         return format_html('<a href="{}">{}</a>', url, obj.resource_id)
 
     def _decrypted(self, blob: bytes | memoryview | None) -> str:

@@ -3,7 +3,9 @@
 ``IDEMPOTENCY_ENCRYPTION_KEYS`` is a comma-separated list of Fernet keys, newest first:
 new data is encrypted with the first, and any listed key decrypts. To rotate, put a new key
 first, run ``manage.py rotate_idempotency_keys``, then drop the old key. Unset, one key is
-derived from SECRET_KEY (fine for a local run; set real keys in production).
+derived from SECRET_KEY — only from a real one: with the built-in insecure SECRET_KEY (public,
+so anyone could derive the key) there is no default key: encrypting and decrypting raise
+ImproperlyConfigured, and the service refuses to start (e2bfacade/startup.py).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from e2bfacade.startup import ENCRYPTION_KEY_REFUSED, is_insecure_secret_key
+
 
 @functools.cache
 def _fernet(keys: tuple[str, ...], secret: str) -> MultiFernet:
     if not keys:
+        if is_insecure_secret_key(secret):
+            raise ImproperlyConfigured(ENCRYPTION_KEY_REFUSED)
         derived = hashlib.sha256(b"e2bfacade.idempotency:" + secret.encode()).digest()
         keys = (base64.urlsafe_b64encode(derived).decode(),)
     try:

@@ -2,7 +2,7 @@
 
 A record is born ``in_progress`` together with the resource it reserves (same transaction),
 is owned by one process at a time through a lease, and ends ``completed`` with the
-response to replay. See idempotency/services.py for the algorithm.
+response to replay. See idempotency/claims.py for the algorithm.
 """
 
 from __future__ import annotations

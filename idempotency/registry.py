@@ -29,6 +29,10 @@ class Operation:
     # sandbox row in state "creating"). May raise ApiError for a deterministic refusal, but
     # only before it writes anything: the refusal is stored in that same transaction.
     reserve: Callable[[Team, Params, Body, str], None] | None = None
+    # The model whose primary key is the reserved resource id ("app_label.ModelName"), for
+    # the admin's link from a record to its resource. A label, not the model: this app sits
+    # below the apps that register operations and imports none of them. None: no link.
+    resource_model: str | None = None
 
 
 _operations: dict[str, Operation] = {}
@@ -41,3 +45,9 @@ def register(operation: Operation) -> Operation:
 
 def get_operation(route: str) -> Operation:
     return _operations[route]
+
+
+def find_operation(route: str) -> Operation | None:
+    """The operation registered for ``route``, or None (a record left by a route since
+    removed)."""
+    return _operations.get(route)

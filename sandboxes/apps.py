@@ -6,5 +6,8 @@ class SandboxesConfig(AppConfig):
     name = "sandboxes"
 
     def ready(self) -> None:
-        # Registers the idempotent sandbox, snapshot and fork operations.
-        from sandboxes import idempotent  # noqa: F401
+        from e2bfacade.observability import register_scrape_collector
+        from sandboxes import idempotent  # noqa: F401  (registers the sandbox create operations)
+        from sandboxes.observability import SANDBOX_STATES
+
+        register_scrape_collector(SANDBOX_STATES)

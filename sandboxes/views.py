@@ -11,10 +11,9 @@ from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from e2bfacade.auth import TeamPrincipal
-from e2bfacade.errors import BadRequest
+from e2bfacade.requests import body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
-from idempotency import services as idempotency
+from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
 from sandboxes.serializers import (
     ConnectSerializer,
@@ -30,23 +29,6 @@ from sandboxes.serializers import (
     SandboxSerializer,
     TimeoutBodySerializer,
 )
-
-
-def team_of(request: Request) -> Any:
-    user = request.user
-    assert isinstance(user, TeamPrincipal)  # guaranteed by IsAuthenticated
-    return user.team
-
-
-def body(request: Request) -> dict[str, Any]:
-    """The JSON body; an absent body counts as ``{}`` (several E2B bodies are optional),
-    anything but an object is a 400."""
-    data = request.data
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    return data
 
 
 class SandboxViewSet(viewsets.ViewSet):

@@ -1,5 +1,5 @@
-"""Snapshot routes. Creating snapshots and forks lives at /sandboxes/{id}/... (mounted by
-sandboxes/urls.py); this app serves the list."""
+"""Snapshot routes: creating snapshots and forks (at E2B's /sandboxes/{id}/... paths, still
+mounted by snapshots/urls.py) and the snapshot list."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from e2bfacade.requests import body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
-from idempotency import services as idempotency
-from sandboxes import idempotent
-from sandboxes.views import body, team_of
-from snapshots import selectors
+from idempotency import http as idempotency
+from snapshots import idempotent, selectors
 from snapshots.serializers import (
     ForkRequestSerializer,
     ForkResultSerializer,

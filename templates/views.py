@@ -9,8 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from e2bfacade.errors import ApiError, NotFound
+from e2bfacade.requests import team_of
 from e2bfacade.schema import errors
-from sandboxes.views import team_of
 from templates import services
 from templates.models import Template
 from templates.serializers import (

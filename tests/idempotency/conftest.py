@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
 from e2bfacade.runtime.local import LocalRuntime
-from idempotency import services as idempotency_services
+from idempotency import claims as idempotency_claims
 from sandboxes import services as sandbox_services
 from tests.support.factories import ApiKeyFactory, TeamFactory
 from tests.support.runtime_support import django_runtime, session_sandbox_root
@@ -96,7 +96,7 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
                 raise Crash(name)
 
         # Each module bound the name at import: patch both places that call it.
-        monkeypatch.setattr(idempotency_services, "failpoint", failpoint)
+        monkeypatch.setattr(idempotency_claims, "failpoint", failpoint)
         monkeypatch.setattr(sandbox_services, "failpoint", failpoint)
 
     return arm

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from e2bfacade.runtime.local import LocalRuntime
+from idempotency.maintenance import purge_expired
 from idempotency.models import IdempotencyRecord
-from idempotency.services import purge_expired
 from sandboxes.models import Sandbox
 from tests.support.factories import SandboxFactory, TeamFactory
 

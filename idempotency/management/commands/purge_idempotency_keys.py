@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from idempotency.services import purge_expired
+from idempotency.maintenance import purge_expired
 
 
 class Command(BaseCommand):

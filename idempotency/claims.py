@@ -1,0 +1,262 @@
+"""Claim, execute, complete: exactly-once execution of one keyed request.
+
+1. **Claim** (:func:`key_claim`) in one short transaction: insert the record, or lock the
+   existing one. The unique constraint on (team, key) arbitrates a race; we never
+   check-then-insert. Then, in this order: other fingerprint -> mismatch; completed ->
+   replay; past retention -> start afresh; in progress with a live owner -> in progress;
+   in progress with a dead owner -> take over (attempt + 1). A new claim reserves the
+   resource id and the operation's resource row in the same transaction.
+2. **Execute** (:func:`claim_execute`) with the reserved id, no transaction held. Operations
+   are idempotent by id, so a takeover re-drives the same id and can never allocate twice.
+3. **Complete**, fenced on the lease owner: a slow original that lost its lease cannot
+   overwrite the taker-over's result. A failure that provably allocated nothing releases
+   the key instead; one we cannot classify gives the lease up at once.
+
+Separate from the HTTP edge (``idempotency/http.py``) because the worker drives the same
+algorithm with no request at all (``idempotency/maintenance.py``): nothing here reads a
+header or builds a response. Who counts as a live owner is ``idempotency/leases.py``'s call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from e2bfacade import observability
+from e2bfacade.errors import ApiError, NothingAllocated
+from e2bfacade.failpoints import failpoint
+from e2bfacade.models import Team
+from idempotency import crypto
+from idempotency.fingerprint import CURRENT_VERSION
+from idempotency.leases import (
+    advisory_try_lock,
+    advisory_unlock,
+    lease_expires_at,
+    owner_is_alive,
+)
+from idempotency.models import IdempotencyRecord
+from idempotency.registry import Operation
+from idempotency.results import Result, error_result, render, stored_result
+
+logger = logging.getLogger(__name__)
+
+State = IdempotencyRecord.State
+# The request's fingerprint under a given fingerprint version.
+FingerprintFn = Callable[[str], str]
+
+
+def operation_run(
+    op: Operation, team: Team, params: dict[str, str], body: dict[str, Any], rid: str
+) -> Result:
+    """Execute ``op`` once for the reserved id ``rid`` and render its answer."""
+    status, payload = op.execute(team, params, body, rid)
+    return Result(status, render(payload))
+
+
+def request_matches(record: IdempotencyRecord, op: Operation, fp_for: FingerprintFn) -> bool:
+    """Compare under the record's own fingerprint version; a version this release does not
+    know (written by a newer one) cannot be shown equal, so it is a mismatch, not a crash."""
+    version = record.fingerprint.split(":", 1)[0]
+    try:
+        return bool(record.route == op.route and record.fingerprint == fp_for(version))
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------------------- claim
+@dataclass
+class Claim:
+    kind: str  # "execute" | "replay" | "mismatch" | "in_progress" | "unknown" | "done"
+    record: IdempotencyRecord | None = None
+    result: Result | None = None
+
+
+def _new_record(
+    team: Team,
+    key: str,
+    op: Operation,
+    fp: str,
+    params: dict[str, str],
+    body: dict[str, Any],
+    owner: str,
+    now: datetime,
+) -> IdempotencyRecord:
+    return IdempotencyRecord.objects.create(
+        team=team,
+        key=key,
+        route=op.route,
+        fingerprint=fp,
+        state=State.IN_PROGRESS,
+        lease_owner=owner,
+        lease_expires_at=lease_expires_at(now),
+        attempt=1,
+        resource_id=op.new_resource_id(),
+        request_encrypted=crypto.encrypt(json.dumps({"params": params, "body": body}).encode()),
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
+    )
+
+
+def key_claim(
+    team: Team,
+    key: str,
+    op: Operation,
+    fp_for: FingerprintFn,
+    params: dict[str, str],
+    body: dict[str, Any],
+    owner: str,
+) -> Claim:
+    """Claim ``key`` for ``owner`` in one short transaction and say what to do next.
+
+    "execute": ``owner`` now holds the lease (and, on PostgreSQL, the advisory lock, which
+    :func:`claim_execute` releases). "done": a new claim's reserve refused deterministically
+    and that refusal is stored. The others leave the record as it was."""
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            with transaction.atomic():  # a savepoint: a lost insert race leaves the tx usable
+                record = _new_record(
+                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
+                )
+        except IntegrityError:
+            record = IdempotencyRecord.objects.select_for_update().get(team=team, key=key)
+            if record.expires_at <= now:
+                # Past retention: the key may create anew. The old resource stays as it is.
+                record.delete()
+                record = _new_record(
+                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
+                )
+            else:
+                if not request_matches(record, op, fp_for):
+                    observability.idempotency_event("mismatch")
+                    return Claim("mismatch", record)
+                if record.state == State.COMPLETED:
+                    observability.idempotency_event("replay")
+                    return Claim("replay", record, stored_result(record))
+                if owner_is_alive(record, now):
+                    return Claim("in_progress", record)
+                if record.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
+                    observability.idempotency_event("unknown_outcome")
+                    return Claim("unknown", record)
+                # Take over: the previous owner is gone. Same resource id, next attempt.
+                if not advisory_try_lock(record.pk):
+                    return Claim("in_progress", record)  # someone else got it first
+                record.lease_owner = owner
+                record.lease_expires_at = lease_expires_at(now)
+                record.attempt += 1
+                record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
+                logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
+                observability.idempotency_event("takeover")
+                return Claim("execute", record)
+        # A new claim: make the intent durable with the record. A deterministic refusal
+        # (unknown template, timeout too long) completes the record with that error.
+        observability.idempotency_event("executed")
+        advisory_try_lock(record.pk)
+        if op.reserve is not None:
+            try:
+                # No savepoint: a reserve raises ApiError only before it writes (registry).
+                op.reserve(team, params, body, record.resource_id)
+            except ApiError as exc:
+                result = error_result(exc)
+                _store(record, result, now)
+                advisory_unlock(record.pk)
+                return Claim("done", record, result)
+        return Claim("execute", record)
+
+
+# ---------------------------------------------------------------------------- complete
+def _store(record: IdempotencyRecord, result: Result, now: datetime) -> None:
+    record.state = State.COMPLETED
+    record.response_status = result.status
+    record.response_content_type = result.content_type
+    record.response_body_encrypted = crypto.encrypt(result.body)
+    record.completed_at = now
+    record.save(
+        update_fields=[
+            "state",
+            "response_status",
+            "response_content_type",
+            "response_body_encrypted",
+            "completed_at",
+        ]
+    )
+
+
+def _complete(record: IdempotencyRecord, owner: str, result: Result) -> bool:
+    """Store the outcome if we still own the lease. False: we lost it to a taker-over."""
+    updated = IdempotencyRecord.objects.filter(
+        pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
+    ).update(
+        state=State.COMPLETED,
+        response_status=result.status,
+        response_content_type=result.content_type,
+        response_body_encrypted=crypto.encrypt(result.body),
+        completed_at=timezone.now(),
+    )
+    return bool(updated)
+
+
+def _release(record: IdempotencyRecord, owner: str) -> None:
+    """Forget the key: nothing was allocated, so the same key may simply try again."""
+    observability.idempotency_event("release")
+    IdempotencyRecord.objects.filter(
+        pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
+    ).delete()
+
+
+def _abandon_lease(record: IdempotencyRecord, owner: str) -> None:
+    """The attempt failed in a way we cannot classify: let the next retry take over at once."""
+    IdempotencyRecord.objects.filter(
+        pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
+    ).update(lease_expires_at=timezone.now())
+
+
+# ----------------------------------------------------------------------------- execute
+def claim_execute(
+    op: Operation,
+    team: Team,
+    params: dict[str, str],
+    body: dict[str, Any],
+    record: IdempotencyRecord,
+    owner: str,
+) -> Result:
+    """Run (or re-drive) a claimed request and complete its record. ``owner`` holds the
+    claim; its advisory lock is released on the way out, whatever happens."""
+    try:
+        failpoint("after_claim")
+        try:
+            result = operation_run(op, team, params, body, record.resource_id)
+        except NothingAllocated as exc:
+            _release(record, owner)
+            return error_result(exc)
+        except ApiError as exc:
+            if exc.status >= 500:
+                _abandon_lease(record, owner)
+                return error_result(exc)
+            result = error_result(exc)  # deterministic: stored and replayed, as E2B does
+        except Exception:
+            _abandon_lease(record, owner)
+            raise
+        failpoint("before_complete")
+        if not _complete(record, owner, result):
+            # A taker-over owns the record now; it drove the same resource id, so its
+            # stored answer (if already there) is the one every caller gets.
+            fresh = IdempotencyRecord.objects.filter(pk=record.pk).first()
+            if fresh is not None and fresh.state == State.COMPLETED:
+                # Not a replay for this caller: its own request produced this resource.
+                return dataclasses.replace(stored_result(fresh), replayed=False)
+            logger.warning("idempotency: lost the lease of %s before completing", record.pk)
+            return result
+        failpoint("after_complete")
+        return result
+    finally:
+        advisory_unlock(record.pk)

@@ -1,0 +1,153 @@
+"""The HTTP edge of idempotency: what a view calls, and what it reads from the request.
+
+:func:`run` is the one entry point of a keyed route (views call it after validating their
+body): it parses and checks the ``Idempotency-Key`` header (400 on a bad or repeated key;
+nothing is recorded), fingerprints the request, answers the common repeats (a replay, a
+wait for a live original) from a plain read, and otherwise hands over to the claim
+algorithm in ``idempotency/claims.py``; it turns every outcome into an HTTP response,
+including the 409s (mismatch, in progress) and the 422 (outcome unknown).
+
+Separate from the algorithm because this is the only part that knows there is an HTTP
+request: the worker re-drives claims through ``idempotency/maintenance.py`` without one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from e2bfacade import observability
+from e2bfacade.errors import ApiError, BadRequest
+from e2bfacade.models import Team
+from idempotency.claims import claim_execute, key_claim, operation_run, request_matches
+from idempotency.fingerprint import fingerprint
+from idempotency.leases import owner_is_alive
+from idempotency.models import IdempotencyRecord
+from idempotency.registry import get_operation
+from idempotency.results import error_result, stored_result
+
+KEY_PATTERN = re.compile(r"[a-z0-9-]{1,255}")
+State = IdempotencyRecord.State
+
+
+def parse_key(request: HttpRequest) -> str | None:
+    """The request's Idempotency-Key, or None. A repeated header reaches us joined with
+    commas (gunicorn and the WSGI spec join repeats), which the pattern refuses."""
+    raw = request.headers.get("Idempotency-Key")
+    if raw is None:
+        return None
+    if "," in raw:
+        raise BadRequest("Idempotency-Key must be sent once", error_code="invalid_idempotency_key")
+    if not KEY_PATTERN.fullmatch(raw):
+        raise BadRequest(
+            "Idempotency-Key must be 1-255 characters of a-z, 0-9 and '-'",
+            error_code="invalid_idempotency_key",
+        )
+    return raw
+
+
+def _mismatch_response() -> HttpResponse:
+    return error_result(
+        ApiError(
+            "this Idempotency-Key was used for a different request",
+            status=409,
+            error_code="idempotency_request_mismatch",
+        )
+    ).to_response()
+
+
+def _in_progress_error() -> ApiError:
+    return ApiError(
+        "a request with this Idempotency-Key is still in progress; retry shortly",
+        status=409,
+        error_code="idempotency_in_progress",
+        headers={"Retry-After": "1", "Should-Retry": "true"},
+    )
+
+
+def run(
+    request: HttpRequest,
+    *,
+    team: Team,
+    route: str,
+    params: dict[str, str],
+    body: dict[str, Any],
+) -> HttpResponse:
+    """Execute the registered operation ``route`` for this request, exactly once per key.
+
+    ``body`` is the canonical body (validated, defaults applied, nulls dropped): it is both
+    fingerprinted and kept to re-drive the request. Without a key the operation simply runs.
+    """
+    op = get_operation(route)
+    key = parse_key(request)
+    if key is None:
+        rid = op.new_resource_id()
+        try:
+            if op.reserve is not None:
+                with transaction.atomic():
+                    op.reserve(team, params, body, rid)
+            return operation_run(op, team, params, body, rid).to_response()
+        except ApiError as exc:
+            return error_result(exc).to_response()
+
+    def fp_for(version: str) -> str:
+        return fingerprint(
+            version,
+            method=request.method or "",
+            path=request.path,
+            query=request.GET.lists(),
+            body=body,
+        )
+
+    owner = uuid.uuid4().hex
+    deadline = time.monotonic() + settings.IDEMPOTENCY_WAIT_SECONDS
+    while True:
+        # The common repeat (a replay, or a wait for a live original) is answered from a
+        # plain read: no transaction, no insert attempt. key_claim stays the arbiter of the
+        # rest (no record yet, an expired one, a dead owner).
+        seen = IdempotencyRecord.objects.filter(team=team, key=key).first()
+        if seen is not None and seen.expires_at > timezone.now():
+            if not request_matches(seen, op, fp_for):
+                observability.idempotency_event("mismatch")
+                return _mismatch_response()
+            if seen.state == State.COMPLETED:
+                observability.idempotency_event("replay")
+                return stored_result(seen).to_response()
+            if owner_is_alive(seen, timezone.now()):
+                if time.monotonic() >= deadline:
+                    observability.idempotency_event("in_progress")
+                    return error_result(_in_progress_error()).to_response()
+                time.sleep(0.02)
+                continue
+        claim = key_claim(team, key, op, fp_for, params, body, owner)
+        if claim.kind == "execute":
+            assert claim.record is not None
+            return claim_execute(op, team, params, body, claim.record, owner).to_response()
+        if claim.kind in ("replay", "done"):
+            assert claim.result is not None
+            return claim.result.to_response()
+        if claim.kind == "mismatch":
+            return _mismatch_response()
+        if claim.kind == "unknown":
+            assert claim.record is not None
+            return error_result(
+                ApiError(
+                    f"the outcome of the original request is unknown after {claim.record.attempt} "
+                    f"attempts (reserved resource {claim.record.resource_id})",
+                    status=422,
+                    error_code="idempotency_outcome_unknown",
+                )
+            ).to_response()
+        # In progress: the original is alive. Wait a little for it rather than bouncing
+        # the caller (E2B answers at once); no lock or transaction is held while we wait.
+        if time.monotonic() >= deadline:
+            observability.idempotency_event("in_progress")
+            return error_result(_in_progress_error()).to_response()
+        time.sleep(0.02)

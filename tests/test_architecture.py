@@ -1,0 +1,105 @@
+"""The layering of the apps, checked on the source: e2bfacade is the ground (and
+e2bfacade/runtime a Django-free library below it); idempotency and templates build on it;
+sandboxes on those; snapshots on sandboxes. No two apps may import each other both ways,
+and the runtime imports nothing of Django or of any app.
+
+Every ``import`` and ``from ... import`` statement counts, at module level or inside a
+function (a function-level import is still a dependency, only a later one). References by
+string (``apps.get_model("sandboxes.Sandbox")``, ``include("sandboxes.urls")``, a related
+name) are how a lower app names a higher one without importing it, and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ("e2bfacade", "idempotency", "sandboxes", "snapshots", "templates")
+# The lifecycle worker drives every app's periodic work by nature; it may import any app.
+EXEMPT = {Path("sandboxes/management/commands/run_worker.py")}
+RUNTIME = Path("e2bfacade/runtime")
+# What the runtime library must not import: Django and its ecosystem, and every app. Of
+# e2bfacade itself only e2bfacade.runtime is allowed.
+NOT_FOR_RUNTIME = (
+    "django",
+    "rest_framework",
+    "drf_spectacular",
+    "environ",
+    "idempotency",
+    "sandboxes",
+    "snapshots",
+    "templates",
+)
+
+
+def _sources(directory: Path) -> Iterator[Path]:
+    """The Python files under ``directory`` (relative to the repository), migrations and
+    the exempt worker left out."""
+    for path in sorted((ROOT / directory).rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if "migrations" in relative.parts or relative in EXEMPT:
+            continue
+        yield relative
+
+
+def _imports(relative: Path) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of everything ``relative`` imports. ``from a.b import c`` yields
+    ``a.b.c`` (c may be a module or a name: either way it comes from a.b); relative imports
+    are resolved against the file's own package."""
+    tree = ast.parse((ROOT / relative).read_text(), filename=str(relative))
+    package = list(relative.parent.parts)  # of a.py and of __init__.py alike
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package[: len(package) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}" if base else alias.name
+
+
+def _app_dependencies() -> dict[tuple[str, str], list[str]]:
+    """(importing app, imported app) -> the statements behind that edge."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for app in APPS:
+        for relative in _sources(Path(app)):
+            for line, name in _imports(relative):
+                target = name.split(".", 1)[0]
+                if target in APPS and target != app:
+                    edges[(app, target)].append(f"{relative}:{line} imports {name}")
+    return edges
+
+
+def test_no_two_apps_import_each_other() -> None:
+    edges = _app_dependencies()
+    cycles = sorted((a, b) for (a, b) in edges if a < b and (b, a) in edges)
+
+    report = []
+    for a, b in cycles:
+        report.append(f"{a} <-> {b}:")
+        report += [f"  {line}" for line in edges[(a, b)] + edges[(b, a)]]
+    assert not cycles, "apps that import each other both ways:\n" + "\n".join(report)
+
+
+def test_the_runtime_imports_nothing_of_django_or_of_the_apps() -> None:
+    offending = []
+    for relative in _sources(RUNTIME):
+        for line, name in _imports(relative):
+            top = name.split(".", 1)[0]
+            outside_runtime = top == "e2bfacade" and not (
+                name == "e2bfacade.runtime" or name.startswith("e2bfacade.runtime.")
+            )
+            if top in NOT_FOR_RUNTIME or outside_runtime:
+                offending.append(f"{relative}:{line} imports {name}")
+
+    assert list(_sources(RUNTIME)), "no runtime sources found: has e2bfacade/runtime moved?"
+    assert not offending, "e2bfacade/runtime must stay a Django-free library:\n" + "\n".join(
+        offending
+    )
