@@ -16,6 +16,10 @@ def main() -> None:
             "available on your PYTHONPATH environment variable? Did you "
             "forget to activate a virtual environment?"
         ) from exc
+    # Every command (the lifecycle worker, migrate, shell, ...) refuses a public SECRET_KEY.
+    from e2bfacade.startup import refuse_insecure_secrets
+
+    refuse_insecure_secrets()
     execute_from_command_line(sys.argv)
 
 

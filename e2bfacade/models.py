@@ -8,7 +8,11 @@ import secrets
 
 from django.db import models
 
+# New keys are ``e2b_`` + 40 lowercase hex digits (160 random bits): E2B SDKs from about 2.25
+# to 2.4x refuse, client-side, any key not matching ``^e2b_[0-9a-f]+$``. Keys of any other
+# format minted before still authenticate: a key is looked up by its hash, whatever its text.
 API_KEY_PREFIX = "e2b_"
+API_KEY_HEX_DIGITS = 40
 
 
 def hash_api_key(raw: str) -> str:
@@ -58,7 +62,7 @@ class ApiKey(models.Model):
 
 def api_key_create(*, team: Team, name: str = "") -> tuple[ApiKey, str]:
     """Create a key for ``team``; returns the row and the raw key, which is never stored."""
-    raw = API_KEY_PREFIX + secrets.token_hex(20)
+    raw = API_KEY_PREFIX + secrets.token_hex(API_KEY_HEX_DIGITS // 2)  # lowercase hex
     key = ApiKey.objects.create(team=team, name=name, key_hash=hash_api_key(raw), prefix=raw[:10])
     return key, raw
 

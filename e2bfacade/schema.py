@@ -38,7 +38,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     description="1-255 of a-z, 0-9, '-'; team-scoped; see the README's idempotency contract",
 )
 
-# A field E2B defines and this server always answers with null (e.g. ``domain``).
+# A field E2B defines and this server always answers with null (e.g. ``trafficAccessToken``).
 NULLABLE_STRING = serializers.CharField(allow_null=True)
 
 

@@ -1,25 +1,40 @@
 """e2bfacade settings: everything comes from the environment through django-environ.
 
-Every variable is optional for a local run (SQLite file, local runtime under
-``/var/lib/e2bfacade``). A malformed value stops the process at start with a message naming
-the variable, never a half-configured service.
+Every variable but SECRET_KEY is optional for a local run (SQLite file, local runtime under
+``/var/lib/e2bfacade``); ``scripts/serve.sh`` generates SECRET_KEY into ``.env``. A malformed
+value stops the process at start with a message naming the variable, never a half-configured
+service. ``.env`` (beside manage.py) is read into the settings only, never into os.environ.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import django_stubs_ext
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from e2bfacade.runtime import registry as runtime_registry
+from e2bfacade.startup import BUILTIN_SECRET_KEY
+
 # Lets `admin.ModelAdmin[Team]` and friends be subscripted at runtime, as django-stubs types them.
 django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+class _Env(environ.Env):  # type: ignore[misc]  # django-environ ships no type hints
+    # What the settings read: a copy of the process environment with .env's values added
+    # where the environment has none (a real variable wins, as with read_env into
+    # os.environ). .env never reaches os.environ, so no child process — the sandbox launcher,
+    # the sandboxes, anything a command spawns — inherits SECRET_KEY or DATABASE_URL from it.
+    ENVIRON: dict[str, str] = dict(os.environ)
+
+
+_Env.read_env(BASE_DIR / ".env", overwrite=False)  # fills _Env.ENVIRON, not os.environ
+env = _Env()
 
 
 def _positive_int(name: str, default: int) -> int:
@@ -45,9 +60,11 @@ def _seconds(name: str, default: float) -> float:
 
 
 DEBUG = env.bool("DEBUG", default=False)
-# A local run needs no secret; production sets SECRET_KEY (the serve script generates one
-# into .env on first start so that sessions survive restarts).
-SECRET_KEY = env.str("SECRET_KEY", default="e2bfacade-insecure-local-only")
+# The built-in default is public: with DEBUG off the service refuses to start on it, and no
+# encryption key is derived from it (e2bfacade/startup.py). scripts/serve.sh generates a real
+# one into .env on its first run. Loading the settings alone does not refuse, so that tools
+# (mypy's Django plugin, pytest-django) can import them.
+SECRET_KEY = env.str("SECRET_KEY", default=BUILTIN_SECRET_KEY)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"])
 
 INSTALLED_APPS = [
@@ -191,14 +208,58 @@ if API_RATE_LIMIT < 0:
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")
-if SANDBOX_RUNTIME not in {"local"}:
+if SANDBOX_RUNTIME not in runtime_registry.DRIVERS:
     raise ImproperlyConfigured(
-        f"SANDBOX_RUNTIME={SANDBOX_RUNTIME!r} is not available; this build ships 'local' only"
+        f"SANDBOX_RUNTIME={SANDBOX_RUNTIME!r} is not a known driver; this build has: "
+        + ", ".join(runtime_registry.driver_names())
     )
 SANDBOX_ROOT = Path(env.str("SANDBOX_ROOT", default="/var/lib/e2bfacade"))
 if not SANDBOX_ROOT.is_absolute():
     raise ImproperlyConfigured(f"SANDBOX_ROOT must be an absolute path, got {str(SANDBOX_ROOT)!r}")
 SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 3600)
+
+# The ``domain`` of every sandbox answer (create, connect, resume, fork, GET). Without
+# E2B_SANDBOX_URL the SDKs send a sandbox's data-plane calls — its envdAccessToken, the
+# user's commands and files — to ``https://<port>-<sandboxID>.<domain>``; were domain null
+# (and E2B_DOMAIN unset) they would fall back to e2b.app, E2B's cloud. The default,
+# ``localhost``, keeps that traffic on this machine: ``*.localhost`` is reserved for loopback
+# (RFC 6761), so such a name resolves to 127.0.0.1/::1 or to nothing, never to a public host.
+# A deployment serving sandboxes by host name sets its wildcard domain here (``[:port]``
+# allowed); E2B's own domains are refused.
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_E2B_DOMAINS = (
+    "e2b.app",
+    "e2b.dev",
+    "e2b.pro",
+    "e2b-staging.dev",
+    "e2b-tango.dev",
+    "e2b-juliett.dev",
+)
+
+
+def _sandbox_domain(name: str, default: str) -> str:
+    value: str = env.str(name, default=default).lower()
+    host, colon, port = value.partition(":")
+    labels = host.split(".")
+    if (
+        len(host) > 253
+        or not all(_DNS_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()  # an IP address: the SDK prepends "<port>-<sandboxID>."
+        or (colon and not (port.isdigit() and 1 <= int(port) <= 65535))
+    ):
+        raise ImproperlyConfigured(
+            f"{name} must be a DNS domain with an optional :port, without scheme or path "
+            f"(e.g. localhost or sandboxes.example.com:8443), got {value!r}"
+        )
+    if any(host == d or host.endswith("." + d) for d in _E2B_DOMAINS):
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is E2B's own domain: the SDKs would send every sandbox call "
+            "(its access token, commands and files) to E2B's cloud"
+        )
+    return value
+
+
+SANDBOX_DOMAIN = _sandbox_domain("SANDBOX_DOMAIN", "localhost")
 
 # --- idempotency -----------------------------------------------------------------------
 IDEMPOTENCY_TTL_SECONDS = _positive_int("IDEMPOTENCY_TTL_SECONDS", 86400)

@@ -9,8 +9,12 @@ from typing import Any
 
 from django.core.wsgi import get_wsgi_application
 
+from e2bfacade.startup import refuse_insecure_secrets
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "e2bfacade.settings")
 
+# No serving on a public SECRET_KEY: the worker fails to boot and gunicorn exits, naming it.
+refuse_insecure_secrets()
 django_application = get_wsgi_application()
 
 from django.conf import settings  # noqa: E402  (after the settings module is chosen)

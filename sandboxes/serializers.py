@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from e2bfacade import capabilities
 from e2bfacade.fields import (
     NullMeansAbsent,
     StrictBooleanField,
@@ -16,6 +18,7 @@ from e2bfacade.fields import (
     StrictIntegerField,
     StringMapField,
 )
+from e2bfacade.runtime.base import Capability
 from e2bfacade.schema import NULLABLE_STRING
 from sandboxes.models import CLIENT_ID, Sandbox
 from sandboxes.services import CreateRequest
@@ -60,33 +63,32 @@ class NewSandboxSerializer(NullMeansAbsent):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        refused = {
-            "allow_internet_access": (
-                attrs.get("allow_internet_access") is True,
-                "the local runtime gives sandboxes no network access beyond their own "
-                "loopback; omit it or send false",
-            ),
-            "network": (
-                bool(attrs.get("network")),
-                "network rules are not supported by this server",
-            ),
+        # What the driver cannot do, from its declared capabilities. (A driver that gains
+        # NETWORK_RULES or VOLUME_MOUNTS must also get them carried into its SandboxSpec.)
+        errors = capabilities.refusals(
+            {
+                "allow_internet_access": (
+                    attrs.get("allow_internet_access") is True,
+                    Capability.INTERNET_ACCESS,
+                ),
+                "network": (bool(attrs.get("network")), Capability.NETWORK_RULES),
+                "volumeMounts": (bool(attrs.get("volumeMounts")), Capability.VOLUME_MOUNTS),
+                "autoPauseMemory": (
+                    attrs.get("autoPauseMemory") is False,
+                    Capability.FILESYSTEM_PAUSE,
+                ),
+            }
+        )
+        # What this service itself does not do, whatever the driver.
+        service_refusals = {
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
             "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
-            "volumeMounts": (
-                bool(attrs.get("volumeMounts")),
-                "volumes are not supported by this server",
-            ),
-            "autoPauseMemory": (
-                attrs.get("autoPauseMemory") is False,
-                "filesystem-only auto-pause is not supported; the local runtime pauses by "
-                "freezing, which keeps memory",
-            ),
             "autoResume": (
                 bool((attrs.get("autoResume") or {}).get("enabled")),
                 "auto-resume on traffic is not supported: this server has no sandbox traffic proxy",
             ),
         }
-        errors = {name: [why] for name, (bad, why) in refused.items() if bad}
+        errors |= {name: [why] for name, (bad, why) in service_refusals.items() if bad}
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -130,10 +132,9 @@ class ConnectSerializer(NullMeansAbsent):
     memory = StrictBooleanField(required=False, allow_null=True)
 
     def validate_memory(self, value: bool | None) -> bool | None:
-        if value is False:
-            raise serializers.ValidationError(
-                "reboot on resume is not supported; the local runtime always restores memory"
-            )
+        message = capabilities.refusal(Capability.REBOOT_ON_RESUME)
+        if value is False and message:
+            raise serializers.ValidationError(message)
         return value
 
     def timeout_or_default(self) -> int:
@@ -149,11 +150,9 @@ class PauseSerializer(NullMeansAbsent):
     requireHealthyGuest = StrictBooleanField(required=False, allow_null=True)
 
     def validate_memory(self, value: bool | None) -> bool | None:
-        if value is False:
-            raise serializers.ValidationError(
-                "filesystem-only pause is not supported; the local runtime pauses by "
-                "freezing, which keeps memory"
-            )
+        message = capabilities.refusal(Capability.FILESYSTEM_PAUSE)
+        if value is False and message:
+            raise serializers.ValidationError(message)
         return value
 
 
@@ -190,9 +189,11 @@ class SandboxSerializer(serializers.Serializer[Sandbox]):
     def get_trafficAccessToken(self, obj: Sandbox) -> None:
         return None
 
-    @extend_schema_field(NULLABLE_STRING)
-    def get_domain(self, obj: Sandbox) -> None:
-        return None
+    @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
+    def get_domain(self, obj: Sandbox) -> str:
+        # Never null: without a domain (and E2B_DOMAIN, E2B_SANDBOX_URL) the SDKs send the
+        # sandbox's data-plane traffic, its access token included, to e2b.app.
+        return str(settings.SANDBOX_DOMAIN)
 
 
 class ListedSandboxSerializer(serializers.Serializer[Sandbox]):
@@ -225,9 +226,10 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     lifecycle = LifecycleSerializer(source="*")
     pauseMode = serializers.SerializerMethodField()
 
-    @extend_schema_field(NULLABLE_STRING)
-    def get_domain(self, obj: Sandbox) -> None:
-        return None
+    @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
+    def get_domain(self, obj: Sandbox) -> str:
+        # as SandboxSerializer.get_domain: never null
+        return str(settings.SANDBOX_DOMAIN)
 
     def get_pauseMode(self, obj: Sandbox) -> str:
         return "full"  # a pause is a freeze: memory is kept

@@ -1,10 +1,23 @@
 from __future__ import annotations
 
+import os
+import secrets
+
 import pytest
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
+from e2bfacade.startup import is_insecure_secret_key
 from tests.support.factories import ApiKeyFactory, TeamFactory
+
+# The service refuses the built-in, public SECRET_KEY and derives no encryption key from it
+# (e2bfacade/startup.py). Unless the environment brings a real one, the suite makes its own:
+# for this process's settings (pytest-django loaded them before this file) and, through
+# os.environ, for every server, manage.py and subprocess a test starts.
+if is_insecure_secret_key(os.environ.get("SECRET_KEY", "")):
+    os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
+settings.SECRET_KEY = os.environ["SECRET_KEY"]
 
 
 @pytest.fixture

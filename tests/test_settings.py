@@ -41,6 +41,14 @@ def test_valid_configuration_starts() -> None:
         ("DATABASE_URL", "mongodb://localhost/db"),
         ("SANDBOX_ROOT", "relative/path"),
         ("SANDBOX_RUNTIME", "firecracker"),
+        ("SANDBOX_DOMAIN", "https://sandboxes.example.com"),
+        ("SANDBOX_DOMAIN", "sandboxes.example.com/path"),
+        ("SANDBOX_DOMAIN", "127.0.0.1"),
+        ("SANDBOX_DOMAIN", "sandboxes.example.com:99999"),
+        ("SANDBOX_DOMAIN", "-bad-.example.com"),
+        ("SANDBOX_DOMAIN", ""),
+        ("SANDBOX_DOMAIN", "e2b.app"),
+        ("SANDBOX_DOMAIN", "foxtrot-2.e2b.dev"),
     ],
 )
 def test_malformed_setting_fails_at_start_naming_the_variable(name: str, value: str) -> None:
@@ -50,3 +58,30 @@ def test_malformed_setting_fails_at_start_naming_the_variable(name: str, value: 
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("django.core.exceptions.ImproperlyConfigured")
     assert name in last_line
+
+
+@pytest.mark.parametrize(
+    ("value", "domain"),
+    [
+        ("sandboxes.example.com", "sandboxes.example.com"),
+        ("Sandboxes.Example.com:8443", "sandboxes.example.com:8443"),
+        ("e2bfacade.internal", "e2bfacade.internal"),
+    ],
+)
+def test_sandbox_domain_accepts_a_domain_with_a_port_in_any_case(value: str, domain: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.SANDBOX_DOMAIN)",
+        ],
+        cwd=settings.BASE_DIR,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "e2bfacade.settings", "SANDBOX_DOMAIN": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == domain

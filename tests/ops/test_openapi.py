@@ -10,7 +10,8 @@ from rest_framework.test import APIClient
 
 pytestmark = pytest.mark.django_db
 
-# Every route of E2B_CONTRACT.md this build serves, with OpenAPI's {param} path syntax.
+# Every E2B control-plane route this build serves (docs/ARCHITECTURE.md, "Routes"), with
+# OpenAPI's {param} path syntax.
 E2B_ROUTES = {
     "/v2/sandboxes": {"get", "post"},
     "/sandboxes": {"get", "post"},
@@ -107,3 +108,12 @@ def test_docs_page_renders(anonymous_client: APIClient) -> None:
     page = response.content.decode()
     assert "swagger-ui" in page
     assert "/openapi.json" in page
+
+
+def test_openapi_documents_domain_as_a_string_that_is_never_null(schema: dict[str, Any]) -> None:
+    # The server always answers SANDBOX_DOMAIN: a null would send the SDKs to e2b.app.
+    for name in ("Sandbox", "SandboxDetail"):
+        component = schema["components"]["schemas"][name]
+        assert component["properties"]["domain"]["type"] == "string"
+        assert not component["properties"]["domain"].get("nullable", False)
+        assert "domain" in component["required"]
