@@ -1,5 +1,7 @@
-"""Sandbox runtimes behind one interface (:mod:`e2bfacade.runtime.base`), chosen by
-``SANDBOX_RUNTIME``. Only ``local`` exists in this build."""
+"""The Django side of the runtime seam: the process's driver, chosen from
+:mod:`e2bfacade.runtime.registry` by ``SANDBOX_RUNTIME`` for ``SANDBOX_ROOT``, metered for
+/metrics and, in tests, wrapped in failpoints. Every app reaches sandboxes through
+:func:`get_runtime` and the interface in :mod:`e2bfacade.runtime.base`, never a driver."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from django.conf import settings
 
 from e2bfacade import failpoints, observability
+from e2bfacade.runtime import registry
 from e2bfacade.runtime.base import Runtime
 
 _lock = threading.Lock()
@@ -21,10 +24,9 @@ def get_runtime() -> Runtime:
     key = f"{settings.SANDBOX_RUNTIME}:{settings.SANDBOX_ROOT}"
     with _lock:
         if key not in _runtimes:
-            from e2bfacade.runtime.local import LocalRuntime
-
             # Always metered: every operation's duration goes to /metrics.
-            runtime: Runtime = observability.metered(LocalRuntime)(settings.SANDBOX_ROOT)
+            driver = registry.driver_class(settings.SANDBOX_RUNTIME)
+            runtime: Runtime = observability.metered(driver)(settings.SANDBOX_ROOT)
             if failpoints.enabled("runtime."):
                 runtime = FaultyRuntime(runtime)
             _runtimes[key] = runtime

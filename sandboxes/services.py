@@ -1,72 +1,48 @@
-"""Sandbox writes: every state change goes through a function here.
+"""Sandbox writes the API makes: create, pause, resume, connect, timeouts, kill, metrics.
 
-The pattern for each transition (STYLE.md rule 3): claim it in one short transaction under a
-row lock (``select_for_update``), call the runtime with no lock and no transaction held, then
-record the outcome in a second short transaction. A process that dies between the two
-leaves the row in a transitional state with ``state_changed_at`` set; the lifecycle worker
-finishes it (see :func:`sandbox_recover_stale`).
+Every state change is a claim / act / finish through :mod:`sandboxes.transitions`, where
+the state machine is declared; what the lifecycle worker does is in :mod:`sandboxes.worker`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.errors import (
-    ApiError,
-    BadRequest,
-    Conflict,
-    NotFound,
-    NothingAllocated,
-    ServiceUnavailable,
-)
+from e2bfacade.errors import BadRequest, NotFound, NothingAllocated
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
     CreateRefused,
     ImageNotFound,
-    RuntimeConflict,
+    NetworkPolicy,
     RuntimeUnavailable,
     SandboxNotFound,
     SandboxRuntimeError,
     SandboxSpec,
-    SandboxState,
 )
-from e2bfacade.runtime.local import BASE_IMAGE
 from e2bfacade.sandbox_runtime import get_runtime
-from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox, new_sandbox_id
+from sandboxes.transitions import (
+    CONNECT,
+    PAUSE,
+    RESUME,
+    not_found,
+    runtime_error,
+    transition_act,
+    transition_claim,
+    transition_finish,
+)
 from templates.models import Template
 
 logger = logging.getLogger(__name__)
 
 State = Sandbox.State
-LIVE_STATES = [State.RUNNING, State.PAUSING, State.PAUSED, State.RESUMING]
-# How long a caller waits for another caller's transition on the same sandbox to finish
-# before answering 409 (E2B's connect waits too). Transitions take milliseconds.
-TRANSITION_WAIT_SECONDS = 5.0
-
-
-def not_found(sandbox_id: str) -> NotFound:
-    return NotFound(f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
-
-
-def runtime_error(exc: Exception) -> ApiError:
-    """A runtime failure as an API error with a message a human can act on."""
-    if isinstance(exc, RuntimeUnavailable):
-        # Permanent for this host: tell the SDK not to retry.
-        return ServiceUnavailable(exc.message, headers={"Should-Retry": "false"})
-    if isinstance(exc, RuntimeConflict):
-        return Conflict(exc.message)
-    if isinstance(exc, CreateRefused):
-        return ServiceUnavailable(f"the sandbox runtime refused: {exc.message}")
-    return ServiceUnavailable(f"sandbox runtime error: {exc}")
 
 
 @dataclass(frozen=True)
@@ -135,8 +111,6 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
     template = sandbox.template
     runtime = get_runtime()
     try:
-        if template.image_id == BASE_IMAGE:
-            runtime.ensure_base_image()
         runtime.create(
             SandboxSpec(
                 sandbox_id=sandbox.sandbox_id,
@@ -144,6 +118,9 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                 cpu_count=sandbox.cpu_count,
                 memory_mb=sandbox.memory_mb,
                 pids_max=template.pids_max,
+                env_vars=sandbox.env_vars,
+                envd_access_token=sandbox.envd_access_token,
+                network=NetworkPolicy(allow_internet=sandbox.allow_internet_access),
             )
         )
     except (CreateRefused, ImageNotFound, RuntimeUnavailable) as exc:
@@ -210,98 +187,17 @@ def sandbox_get(*, team: Team, sandbox_id: str) -> Sandbox:
     return sandbox
 
 
-# ---------------------------------------------------------------------- transition core
-def _claim(
-    *,
-    team: Team,
-    sandbox_id: str,
-    allowed: dict[str, str],
-    conflict: dict[str, str] | None = None,
-    wait: bool = True,
-) -> tuple[Sandbox, str]:
-    """Lock the sandbox and move it from one of ``allowed``'s keys to the mapped state.
-
-    Returns the row (before the change) and its previous state. States in ``conflict``
-    answer 409 with the mapped message; other live transitional states are waited out for
-    up to :data:`TRANSITION_WAIT_SECONDS`, then 409.
-    """
-    deadline = time.monotonic() + (TRANSITION_WAIT_SECONDS if wait else 0)
-    while True:
-        now = timezone.now()
-        with transaction.atomic():
-            # The row lock serialises transitions of one sandbox across every worker and
-            # replica; it is held only for this check-and-set, never across a runtime call.
-            row = (
-                Sandbox.objects.select_for_update()
-                .of_team(team.pk)
-                .filter(pk=sandbox_id)
-                .exclude(state__in=[State.KILLED, State.CREATING])
-                .first()
-            )
-            if row is None:
-                raise not_found(sandbox_id)
-            previous = row.state
-            if previous == State.KILLING:
-                raise Conflict(f"sandbox {sandbox_id} is being killed")
-            if previous in allowed:
-                row.state = allowed[previous]
-                row.state_changed_at = now
-                row.save(update_fields=["state", "state_changed_at"])
-                return row, previous
-            if conflict and previous in conflict:
-                raise Conflict(conflict[previous])
-        if time.monotonic() >= deadline:
-            raise Conflict(f"sandbox {sandbox_id} is {previous}; try again shortly")
-        time.sleep(0.02)
-
-
-def _finish(sandbox: Sandbox, from_state: str, to_state: str, **fields: object) -> Sandbox:
-    """Record a transition's outcome, fenced on the transitional state we claimed."""
-    now = timezone.now()
-    updated = Sandbox.objects.filter(pk=sandbox.pk, state=from_state).update(
-        state=to_state, state_changed_at=now, **fields
-    )
-    sandbox.refresh_from_db()
-    if not updated:
-        logger.warning("sandbox %s left %s before we finished", sandbox.pk, from_state)
-    return sandbox
-
-
-def _runtime_call(
-    sandbox: Sandbox, claimed: str, rollback_to: str, fn: object, *args: object
-) -> None:
-    """Run a runtime operation for a claimed transition; on failure restore the previous
-    state (the runtime's operations are all-or-nothing) and raise an API error."""
-    try:
-        fn(*args)  # type: ignore[operator]
-    except SandboxNotFound as exc:
-        # It died under us: record that and answer as E2B does for a missing sandbox.
-        _finish(sandbox, claimed, State.KILLED, killed_at=timezone.now())
-        raise not_found(sandbox.sandbox_id) from exc
-    except (SandboxRuntimeError, OSError) as exc:
-        _finish(sandbox, claimed, rollback_to)
-        raise runtime_error(exc) from exc
-
-
 # --------------------------------------------------------------------------- lifecycle
 def sandbox_pause(*, team: Team, sandbox_id: str) -> Sandbox:
     """running -> paused. A second pause answers 409 (the SDK reads it as "already paused")."""
-    sandbox, _ = _claim(
-        team=team,
-        sandbox_id=sandbox_id,
-        allowed={State.RUNNING: State.PAUSING},
-        conflict={
-            State.PAUSED: f"sandbox {sandbox_id} is already paused",
-            State.PAUSING: f"sandbox {sandbox_id} is already being paused",
-        },
-    )
-    _runtime_call(sandbox, State.PAUSING, State.RUNNING, get_runtime().pause, sandbox_id)
-    return _finish(sandbox, State.PAUSING, State.PAUSED)
+    sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=PAUSE)
+    transition_act(sandbox, State.PAUSING, State.RUNNING, get_runtime().pause, sandbox_id)
+    return transition_finish(sandbox, State.PAUSING, State.PAUSED)
 
 
 def _resume(sandbox: Sandbox, timeout: int) -> Sandbox:
-    _runtime_call(sandbox, State.RESUMING, State.PAUSED, get_runtime().resume, sandbox.sandbox_id)
-    return _finish(
+    transition_act(sandbox, State.RESUMING, State.PAUSED, get_runtime().resume, sandbox.sandbox_id)
+    return transition_finish(
         sandbox, State.RESUMING, State.RUNNING, end_at=timezone.now() + timedelta(seconds=timeout)
     )
 
@@ -309,15 +205,7 @@ def _resume(sandbox: Sandbox, timeout: int) -> Sandbox:
 def sandbox_resume(*, team: Team, sandbox_id: str, timeout: int) -> Sandbox:
     """Legacy resume: paused -> running (201); already running -> 409."""
     check_timeout(timeout)
-    sandbox, _ = _claim(
-        team=team,
-        sandbox_id=sandbox_id,
-        allowed={State.PAUSED: State.RESUMING},
-        conflict={
-            State.RUNNING: f"sandbox {sandbox_id} is already running",
-            State.RESUMING: f"sandbox {sandbox_id} is already being resumed",
-        },
-    )
+    sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=RESUME)
     return _resume(sandbox, timeout)
 
 
@@ -325,12 +213,7 @@ def sandbox_connect(*, team: Team, sandbox_id: str, timeout: int) -> tuple[Sandb
     """Running: extend the end time only (``max(endAt, now + timeout)``), 200. Paused:
     resume, 201. Returns the sandbox and whether it was resumed."""
     check_timeout(timeout)
-    sandbox, previous = _claim(
-        team=team,
-        sandbox_id=sandbox_id,
-        # running -> running is a no-op claim that still takes the row lock.
-        allowed={State.RUNNING: State.RUNNING, State.PAUSED: State.RESUMING},
-    )
+    sandbox, previous = transition_claim(team=team, sandbox_id=sandbox_id, transition=CONNECT)
     if previous == State.RUNNING:
         new_end = timezone.now() + timedelta(seconds=timeout)
         Sandbox.objects.filter(pk=sandbox.pk, end_at__lt=new_end).update(end_at=new_end)
@@ -378,11 +261,11 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
         row.state = State.KILLING
         row.state_changed_at = now
         row.save(update_fields=["state", "state_changed_at"])
-    if not _kill_runtime(row):
+    if not kill_in_runtime(row):
         raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 
 
-def _kill_runtime(sandbox: Sandbox) -> bool:
+def kill_in_runtime(sandbox: Sandbox) -> bool:
     """Kill in the runtime, then record ``killed`` fenced on ``killing``. Returns whether
     this call's record landed (False: another caller's kill recorded it first)."""
     try:
@@ -417,115 +300,3 @@ def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
         "diskUsed": m.disk_used,
         "diskTotal": sandbox.disk_size_mb * 1024 * 1024,
     }
-
-
-# ------------------------------------------------------------------------------ worker
-def sandbox_expire(*, sandbox_id: str) -> str | None:
-    """Apply the timeout action of one sandbox whose ``endAt`` has passed. Returns the
-    action taken, or None when someone else got there first (SKIP LOCKED)."""
-    now = timezone.now()
-    with transaction.atomic():
-        row = (
-            Sandbox.objects.select_for_update(skip_locked=True)
-            .expired(now)
-            .filter(pk=sandbox_id)
-            .first()
-        )
-        if row is None:
-            return None
-        pause = row.on_timeout == Sandbox.OnTimeout.PAUSE
-        row.state = State.PAUSING if pause else State.KILLING
-        row.state_changed_at = now
-        row.save(update_fields=["state", "state_changed_at"])
-    if pause:
-        try:
-            get_runtime().pause(row.sandbox_id)
-        except SandboxNotFound:
-            _finish(row, State.PAUSING, State.KILLED, killed_at=timezone.now())
-            return "gone"
-        except RuntimeConflict:
-            pass  # already frozen: the outcome we wanted
-        _finish(row, State.PAUSING, State.PAUSED)
-        return "paused"
-    _kill_runtime(row)
-    return "killed"
-
-
-def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
-    """Finish transitions abandoned by a dead process (state unchanged since
-    ``older_than``): creating is re-driven or dropped, pausing/resuming are settled from
-    what the runtime reports, killing is re-driven."""
-    recovered = []
-    runtime = get_runtime()
-    stale = Sandbox.objects.filter(
-        state__in=[State.CREATING, State.PAUSING, State.RESUMING, State.KILLING],
-        state_changed_at__lt=older_than,
-    ).values_list("pk", flat=True)
-    for sandbox_id in list(stale[:500]):
-        with transaction.atomic():
-            row = (
-                Sandbox.objects.select_for_update(skip_locked=True)
-                .filter(pk=sandbox_id, state_changed_at__lt=older_than)
-                .select_related("template")
-                .first()
-            )
-            if row is None or row.state in (State.RUNNING, State.PAUSED, State.KILLED):
-                continue
-            claimed = row.state
-            # Touch it so a concurrent worker does not pick it up while we act.
-            row.state_changed_at = timezone.now()
-            row.save(update_fields=["state_changed_at"])
-        if claimed == State.KILLING:
-            _kill_runtime(row)
-        elif claimed == State.CREATING:
-            if IdempotencyRecord.objects.filter(
-                resource_id=row.sandbox_id, state=IdempotencyRecord.State.IN_PROGRESS
-            ).exists():
-                continue  # a keyed create: idempotency's drive_abandoned re-drives it
-            # Its creator died before answering, so nobody was handed this sandbox: make
-            # sure none runs and drop the row.
-            runtime.kill(row.sandbox_id)
-            Sandbox.objects.filter(pk=row.pk, state=State.CREATING).delete()
-        else:
-            try:
-                actual = runtime.status(row.sandbox_id).state
-            except SandboxNotFound:
-                actual = SandboxState.DEAD
-            if actual is SandboxState.DEAD:
-                runtime.kill(row.sandbox_id)
-                _finish(row, claimed, State.KILLED, killed_at=timezone.now())
-            else:
-                target = State.PAUSED if actual is SandboxState.PAUSED else State.RUNNING
-                _finish(row, claimed, target)
-        recovered.append(sandbox_id)
-    return recovered
-
-
-def sandbox_reconcile() -> dict[str, list[str]]:
-    """Make the database and the runtime agree: a sandbox the database thinks is live but
-    the runtime lost is marked killed; a runtime sandbox the database does not know (or
-    knows as killed) is killed."""
-    runtime = get_runtime()
-    # Database first, runtime second: a sandbox the database saw live existed in the runtime
-    # before we listed it, so missing from the list means it really died.
-    known = dict(Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state"))
-    actual = {info.sandbox_id: info for info in runtime.list()}
-    gone, orphans = [], []
-    for sandbox_id, state in known.items():
-        if state in (State.CREATING, State.KILLING):
-            continue  # in flight: sandbox_recover_stale owns these
-        info = actual.get(sandbox_id)
-        if info is None or info.state is SandboxState.DEAD:
-            updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
-                state=State.KILLED, state_changed_at=timezone.now(), killed_at=timezone.now()
-            )
-            if updated:
-                runtime.kill(sandbox_id)
-                gone.append(sandbox_id)
-    for sandbox_id in actual.keys() - known.keys():
-        # Re-check under the runtime's view: a create may have reserved it since we read.
-        if not Sandbox.objects.filter(pk=sandbox_id).exclude(state=State.KILLED).exists():
-            runtime.kill(sandbox_id)
-            orphans.append(sandbox_id)
-    reaped = runtime.reap_orphans()
-    return {"gone": gone, "orphans": orphans, "reaped": reaped}

@@ -6,12 +6,14 @@ from typing import Any
 
 from rest_framework import serializers
 
+from e2bfacade import capabilities
 from e2bfacade.fields import (
     NullMeansAbsent,
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
 )
+from e2bfacade.runtime.base import Capability
 from sandboxes.serializers import SandboxSerializer
 from templates.models import Template
 
@@ -30,11 +32,9 @@ class SnapshotRequestSerializer(NullMeansAbsent):
         return value
 
     def validate_memory(self, value: bool | None) -> bool | None:
-        if value is True:
-            raise serializers.ValidationError(
-                "memory snapshots are not supported: the local runtime captures files only "
-                "(process checkpointing does not work on this kernel); omit it or send false"
-            )
+        message = capabilities.refusal(Capability.MEMORY_SNAPSHOTS)
+        if value is True and message:
+            raise serializers.ValidationError(message)
         return value
 
 

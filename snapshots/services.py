@@ -16,14 +16,8 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
-from sandboxes.services import (
-    CreateRequest,
-    check_timeout,
-    not_found,
-    runtime_error,
-    sandbox_create,
-    sandbox_get,
-)
+from sandboxes.services import CreateRequest, check_timeout, sandbox_create, sandbox_get
+from sandboxes.transitions import not_found, runtime_error
 from templates.models import ID_ALPHABET, Template, new_template_id
 
 State = Sandbox.State

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import IO
 
 from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import ImageInUse, check_id
-from e2bfacade.runtime.local import BASE_IMAGE
+from e2bfacade.runtime.base import BUILTIN_IMAGE, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template, new_template_id
 
@@ -29,13 +29,14 @@ class TemplateExists(Exception):
 def template_import(
     *,
     alias: str,
-    tar_path: str,
+    archive: IO[bytes],
     team: Team | None = None,
     cpu_count: int = 2,
     memory_mb: int = 512,
     disk_size_mb: int = 1024,
 ) -> Template:
-    """Unpack ``tar_path`` into a new runtime image and register it under ``alias``.
+    """Unpack the rootfs tarball read from ``archive`` into a new runtime image and register
+    it under ``alias``.
 
     The image is built first (no transaction is open during the slow part); the row is
     inserted last, and if that fails the image is deleted again, so a failure leaves nothing.
@@ -45,7 +46,7 @@ def template_import(
         raise TemplateExists(f"a template named {alias!r} already exists")
     template_id = new_template_id()
     runtime = get_runtime()
-    image = runtime.import_image(template_id, tar_path)
+    image = runtime.import_image(template_id, archive)
     try:
         with transaction.atomic():
             return Template.objects.create(
@@ -123,7 +124,7 @@ def template_sweep_images() -> list[str]:
     cutoff = time.time() - ORPHAN_IMAGE_GRACE_SECONDS
     known = set(Template.objects.values_list("image_id", flat=True))
     for image_id in runtime.list_images():
-        if image_id in known or image_id == BASE_IMAGE:
+        if image_id in known or image_id == BUILTIN_IMAGE:
             continue
         if runtime.image_info(image_id).created_at > cutoff:
             continue

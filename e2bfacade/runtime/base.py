@@ -9,14 +9,21 @@ No method is ever called inside a database transaction.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import enum
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import IO, Protocol
 
 # E2B's ids are "i" + 20 of [a-z0-9]; we accept any short URL-safe id and refuse everything
 # that could escape a path (/, .., NUL) or a mount option (",", ":", "=").
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+# The image every driver provides out of the box (a usable Linux userland with ``user``
+# and ``root``), built on first use. The ``base`` template points at it.
+BUILTIN_IMAGE = "base"
 
 
 class SandboxRuntimeError(Exception):
@@ -76,14 +83,61 @@ class SandboxState(enum.StrEnum):
     DEAD = "dead"
 
 
+class Capability(enum.StrEnum):
+    """What a driver can do beyond the core (create, pause by freezing, resume, snapshot
+    files, kill, status, list, metrics, which every driver must). The API refuses a request
+    that needs a capability its driver lacks, naming the field (see ``sandboxes.features``),
+    so no driver is ever asked for what it cannot honour."""
+
+    INTERNET_ACCESS = "internet_access"  # egress beyond the sandbox's own loopback
+    NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers
+    FILESYSTEM_PAUSE = "filesystem_pause"  # pause that drops memory and keeps files
+    REBOOT_ON_RESUME = "reboot_on_resume"  # resume into fresh processes on kept files
+    MEMORY_SNAPSHOTS = "memory_snapshots"  # snapshots that capture process memory
+    VOLUME_MOUNTS = "volume_mounts"  # persistent volumes mounted into the guest
+    DISK_QUOTA = "disk_quota"  # diskSizeMB enforced
+    PROCESSES = "processes"  # start_process: commands inside the guest
+    PTY = "pty"  # start_process with a terminal
+    FILES = "files"  # the file operations below
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """A sandbox's egress, as E2B defines it: ``allow_internet`` off means loopback only;
+    on, ``deny_out`` entries (CIDRs or domain names) are refused unless ``allow_out``
+    names them. Drivers without :attr:`Capability.INTERNET_ACCESS` accept only the
+    default (no internet, no rules)."""
+
+    allow_internet: bool = False
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    dns_servers: tuple[str, ...] = ()
+
+    @property
+    def is_loopback_only(self) -> bool:
+        return not (self.allow_internet or self.allow_out or self.deny_out or self.dns_servers)
+
+
+DEFAULT_USER = "user"
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
+    """Everything a sandbox is created with. ``env_vars`` are the environment of every
+    process started in it (under a process's own ``env``); ``default_user`` runs processes
+    and file operations that name no user; ``envd_access_token`` is what the data plane
+    demands of callers (None: no token)."""
+
     sandbox_id: str
     image_id: str
     cpu_count: int = 2
     memory_mb: int = 512
     pids_max: int = 1024
     hostname: str = ""
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    default_user: str = DEFAULT_USER
+    envd_access_token: str | None = None
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
 
 
 @dataclass(frozen=True)
@@ -91,7 +145,6 @@ class SandboxInfo:
     sandbox_id: str
     image_id: str
     state: SandboxState
-    init_pid: int
     cpu_count: int
     memory_mb: int
     pids_max: int
@@ -112,11 +165,162 @@ class Metrics:
     pids: int
 
 
+# --------------------------------------------------------------------------- processes
 @dataclass(frozen=True)
-class ExecResult:
+class PtySize:
+    cols: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process to start inside a sandbox.
+
+    ``user`` is a guest account name (None: the sandbox's default user), resolved in the
+    guest's own ``/etc/passwd``; ``cwd`` None is that user's home. ``env`` goes on top of
+    the sandbox's env vars. With ``stdin`` False the process reads /dev/null. With ``pty``
+    the process gets a terminal of that size as its controlling terminal, and its output
+    arrives as one ``pty`` stream. ``timeout`` is the process's lifetime in seconds: when
+    it elapses the process and everything in its process group are killed (None:
+    unlimited). The lifetime is the driver's to enforce, not the caller's, so it holds
+    even if the caller goes away.
+    """
+
+    argv: tuple[str, ...]
+    user: str | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bool = False
+    pty: PtySize | None = None
+    timeout: float | None = None
+
+
+class Stream(enum.StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    PTY = "pty"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended: ``exit_code`` shell-style (128 + the signal when killed by one)
+    and ``signal`` the signal number, or None when it exited by itself."""
+
+    exit_code: int
+    signal: int | None = None
+
+
+class GuestProcess(Protocol):
+    """A running process. Reading its output never buffers more than one chunk on the
+    host: a caller that stops reading stops the guest writing (the pipe fills)."""
+
+    @property
+    def pid(self) -> int:
+        """The process's pid as the guest sees it."""
+        ...
+
+    def output(self, chunk_size: int = 65536) -> Iterator[tuple[Stream, bytes]]:
+        """Chunks of at most ``chunk_size`` bytes as they come, until every writer of the
+        process's output has closed it (a background child may hold it open after the
+        process itself exited)."""
+        ...
+
+    def write_stdin(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def send_signal(self, signum: int) -> None:
+        """Signal the process's whole process group (what it started too)."""
+        ...
+
+    def resize(self, size: PtySize) -> None: ...
+    def wait(self, timeout: float | None = None) -> ExitStatus:
+        """Wait for the process itself to end (not for its output to close); raises
+        TimeoutError when ``timeout`` elapses first."""
+        ...
+
+    def close(self) -> None:
+        """Release the host's side (pipes, descriptors). A running process keeps running
+        until its lifetime ends; kill it first with :meth:`send_signal` if it should not."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProcessResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    signal: int | None = None
+    truncated: bool = False  # output beyond max_output was read and dropped
+
+
+def run_process(
+    runtime: Runtime,
+    sandbox_id: str,
+    spec: ProcessSpec,
+    *,
+    stdin: bytes = b"",
+    max_output: int = 16 << 20,
+) -> ProcessResult:
+    """Start ``spec``, feed it ``stdin``, collect its output and wait for it — the buffered
+    convenience over :meth:`Runtime.start_process` (tests, benches, operator commands). At
+    most ``max_output`` bytes of each stream are kept; the rest is read and dropped, so a
+    guest that writes without end cannot grow the host. Returns when the process has ended
+    and its output has closed (its lifetime, ``spec.timeout``, bounds both)."""
+    if stdin and not spec.stdin:
+        spec = dataclasses.replace(spec, stdin=True)
+    proc = runtime.start_process(sandbox_id, spec)
+    try:
+        if spec.stdin:
+            if stdin:
+                proc.write_stdin(stdin)
+            proc.close_stdin()
+        kept: dict[Stream, bytearray] = {s: bytearray() for s in Stream}
+        truncated = False
+        for stream, data in proc.output():
+            room = max_output - len(kept[stream])
+            if len(data) > room:
+                truncated = True
+            kept[stream] += data[: max(room, 0)]
+        status = proc.wait()
+    finally:
+        proc.close()
+    stdout = bytes(kept[Stream.PTY] if spec.pty else kept[Stream.STDOUT])
+    return ProcessResult(
+        status.exit_code, stdout, bytes(kept[Stream.STDERR]), status.signal, truncated
+    )
+
+
+# ------------------------------------------------------------------------------- files
+class GuestFileError(SandboxRuntimeError):
+    """A file operation failed inside the guest; ``errno`` says why (ENOENT, EACCES,
+    ENOTDIR, EISDIR, EEXIST, ENOSPC, ...), as the guest's kernel answered it."""
+
+    def __init__(self, errno_: int, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+class FileType(enum.StrEnum):
+    FILE = "file"
+    DIRECTORY = "directory"
+    SYMLINK = "symlink"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """A guest file as ``lstat`` sees it (a symlink is reported as itself, with its
+    target). ``path`` is absolute in the guest; ``owner``/``group`` are guest names where
+    the guest's passwd/group name them, else the numeric id."""
+
+    name: str
+    path: str
+    type: FileType
+    size: int
+    mode: int  # permission bits and file type, as st_mode
+    owner: str
+    group: str
+    modified_time: float
+    symlink_target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,13 +328,20 @@ class ImageInfo:
     image_id: str
     parent: str | None
     size_bytes: int
-    host_binds: tuple[str, ...] = field(default_factory=tuple)
     created_at: float = 0.0
 
 
 class Runtime(Protocol):
-    def ensure_base_image(self) -> ImageInfo: ...
-    def import_image(self, image_id: str, tar_path: str) -> ImageInfo: ...
+    """A sandbox driver. Drivers are registered by name in :mod:`.registry`; every one
+    passes ``tests/runtime/test_contract.py``."""
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    def import_image(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
+        """A root file system tarball, read from ``archive``, becomes image ``image_id``."""
+        ...
+
     def image_info(self, image_id: str) -> ImageInfo: ...
     def delete_image(self, image_id: str) -> bool: ...
     def list_images(self) -> builtins.list[str]: ...
@@ -142,15 +353,41 @@ class Runtime(Protocol):
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
     def kill(self, sandbox_id: str) -> bool: ...
     def metrics(self, sandbox_id: str) -> Metrics: ...
-    def exec(
+    def sweep(self) -> builtins.list[str]:
+        """Release what no live sandbox owns (whatever that means for the driver: dead
+        sandboxes, half-made ones, leftover groups); returns the ids released. Safe beside
+        running operations."""
+        ...
+
+    # The data plane. Paths are guest paths: absolute, or relative to the user's home.
+    # They are resolved inside the guest's own root (its symlinks cannot lead out of it)
+    # and used with the user's permissions; what is created is owned by the user.
+    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> GuestProcess: ...
+    def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo: ...
+    def list_dir(
+        self, sandbox_id: str, path: str, *, user: str | None = None, depth: int = 1
+    ) -> builtins.list[EntryInfo]: ...
+    def make_dir(self, sandbox_id: str, path: str, *, user: str | None = None) -> bool:
+        """Create the directory and its missing parents; False when it already existed."""
+        ...
+
+    def move(
+        self, sandbox_id: str, source: str, destination: str, *, user: str | None = None
+    ) -> EntryInfo: ...
+    def remove(self, sandbox_id: str, path: str, *, user: str | None = None) -> None:
+        """Remove a file or a directory tree; a missing path is not an error."""
+        ...
+
+    def read_file(
+        self, sandbox_id: str, path: str, *, user: str | None = None, chunk_size: int = 65536
+    ) -> Iterator[bytes]: ...
+    def write_file(
         self,
         sandbox_id: str,
-        argv: builtins.list[str],
+        path: str,
+        chunks: Iterable[bytes],
         *,
-        uid: int = 0,
-        gid: int = 0,
-        cwd: str = "/",
-        stdin: bytes = b"",
-        timeout: float = 30,
-    ) -> ExecResult: ...
-    def reap_orphans(self) -> builtins.list[str]: ...
+        user: str | None = None,
+    ) -> EntryInfo:
+        """Replace the file's content with ``chunks``, creating missing parents."""
+        ...

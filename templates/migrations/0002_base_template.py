@@ -1,7 +1,6 @@
 """The built-in public ``base`` template: the host's /usr, read-only, over a fresh /etc.
 
-Its runtime image is built on first use (see e2bfacade.runtime.local.ensure_base_image), so
-migrating needs no root and no sandbox support.
+Its runtime image is the driver's built-in "base" image, built on first use, so migrating needs no root and no sandbox support.
 """
 
 from django.db import migrations

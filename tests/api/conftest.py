@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
 from e2bfacade.runtime.local import LocalRuntime
-from sandboxes import services
+from sandboxes import transitions
 from tests.support.factories import ApiKeyFactory, TeamFactory
 from tests.support.runtime_support import django_runtime, session_sandbox_root
 
@@ -69,5 +69,5 @@ def create_sandbox(api_client: APIClient) -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def fast_transition_wait(monkeypatch: pytest.MonkeyPatch) -> float:
     """Shorten how long a caller waits out another transition before answering 409."""
-    monkeypatch.setattr(services, "TRANSITION_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(transitions, "TRANSITION_WAIT_SECONDS", 0.3)
     return 0.3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
@@ -14,8 +15,8 @@ from sandboxes.models import Sandbox
 
 def post_raw(
     client: APIClient, path: str, raw: bytes | str, content_type: str = "application/json"
-) -> dict:
-    response = client.generic("POST", path, raw, content_type=content_type)
+) -> dict[str, Any]:
+    response = client.generic("POST", path, raw, content_type=content_type)  # type: ignore[arg-type]  # DRF accepts bytes; its stubs say str
     body = response.json()
     assert body["code"] == response.status_code, body
     assert 400 <= response.status_code < 500, body
@@ -97,7 +98,7 @@ def test_a_wrong_content_type_is_a_415(api_client: APIClient, runtime: LocalRunt
     ],
 )
 def test_non_string_or_oversized_metadata_is_a_400(
-    api_client: APIClient, runtime: LocalRuntime, metadata: dict
+    api_client: APIClient, runtime: LocalRuntime, metadata: dict[str, Any]
 ) -> None:
     answer = post_raw(
         api_client, "/v2/sandboxes", json.dumps({"templateID": "base", "metadata": metadata})

@@ -403,7 +403,7 @@ def test_a_call_waiting_on_a_transition_proceeds_once_it_finishes(
         Sandbox.objects.filter(pk=sandbox_id).update(state=State.RUNNING)
         real_sleep(seconds)
 
-    monkeypatch.setattr("sandboxes.services.time.sleep", finish_then_sleep)
+    monkeypatch.setattr("sandboxes.transitions.time.sleep", finish_then_sleep)
 
     response = api_client.post(
         f"/v2/sandboxes/{sandbox_id}/connect", {"timeout": 60}, format="json"

@@ -15,6 +15,7 @@ from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
 from templates.models import Template
 from tests.api.helpers import assert_error, runtime_state
+from tests.runtime.helpers import run
 from tests.support.factories import TemplateFactory
 
 CreateSandbox = Callable[..., dict[str, Any]]
@@ -25,7 +26,7 @@ def snapshot(client: APIClient, sandbox_id: str, **body: Any) -> Any:
 
 
 def sh(runtime: LocalRuntime, sandbox_id: str, script: str) -> str:
-    result = runtime.exec(sandbox_id, ["sh", "-c", script])
+    result = run(runtime, sandbox_id, ["sh", "-c", script])
     assert result.exit_code == 0, result
     return result.stdout.decode()
 

@@ -20,9 +20,9 @@ from rest_framework.test import APIClient
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxState
 from e2bfacade.runtime.local import LocalRuntime
-from idempotency import services as idempotency
+from idempotency import leases, maintenance
 from idempotency.models import IdempotencyRecord
-from sandboxes import services as sandbox_services
+from sandboxes import worker as sandbox_worker
 from sandboxes.models import Sandbox
 from tests.idempotency.conftest import Crash, PostFn
 from tests.support.factories import SandboxFactory, TemplateFactory
@@ -70,7 +70,7 @@ def other_connection() -> Iterator[psycopg.Connection[Any]]:
 
 
 def hold_advisory_lock(conn: psycopg.Connection[Any], record: IdempotencyRecord) -> None:
-    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [idempotency._lock_key(record.pk)])
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [leases.advisory_lock_key(record.pk)])
     assert row.fetchone() == (True,)
 
 
@@ -253,7 +253,7 @@ def test_a_key_whose_attempts_are_used_up_answers_422_outcome_unknown(
     record.refresh_from_db()
     assert (record.state, record.attempt) == (State.IN_PROGRESS, settings.IDEMPOTENCY_MAX_ATTEMPTS)
     # The worker leaves it alone too: it is the client's to hear about.
-    assert idempotency.drive_abandoned() == []
+    assert maintenance.drive_abandoned() == []
     assert post(BODY, key).status_code == 422
 
 
@@ -321,7 +321,7 @@ def test_the_stale_sweep_keeps_a_creating_sandbox_owned_by_an_in_progress_record
         team=team, state=Sandbox.State.CREATING, state_changed_at=long_ago
     )
 
-    recovered = sandbox_services.sandbox_recover_stale(older_than=timezone.now())
+    recovered = sandbox_worker.sandbox_recover_stale(older_than=timezone.now())
 
     assert recovered == [orphan.pk]
     assert not Sandbox.objects.filter(pk=orphan.pk).exists()

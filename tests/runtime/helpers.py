@@ -10,20 +10,35 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from e2bfacade.runtime import build
-from e2bfacade.runtime.base import ExecResult
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.base import ProcessResult, ProcessSpec, Runtime, run_process
+from e2bfacade.runtime.local import LocalRuntime, build
 
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
 MiB = 1024 * 1024
 
 
-def sh(rt: LocalRuntime, sandbox_id: str, script: str, **kwargs: object) -> ExecResult:
-    return rt.exec(sandbox_id, ["sh", "-c", script], **kwargs)  # type: ignore[arg-type]
+def run(
+    rt: Runtime,
+    sandbox_id: str,
+    argv: list[str],
+    *,
+    user: str = "root",
+    cwd: str = "/",
+    stdin: bytes = b"",
+    timeout: float = 30,
+) -> ProcessResult:
+    """Run ``argv`` in the sandbox and wait for it (as root in / unless told otherwise)."""
+    spec = ProcessSpec(tuple(argv), user=user, cwd=cwd, timeout=timeout)
+    return run_process(rt, sandbox_id, spec, stdin=stdin)
 
 
-def ok(rt: LocalRuntime, sandbox_id: str, script: str, **kwargs: object) -> str:
+def sh(rt: Runtime, sandbox_id: str, script: str, **kwargs: Any) -> ProcessResult:
+    return run(rt, sandbox_id, ["sh", "-c", script], **kwargs)
+
+
+def ok(rt: Runtime, sandbox_id: str, script: str, **kwargs: Any) -> str:
     """Run ``script`` in the sandbox, assert it succeeded and return its stdout."""
     result = sh(rt, sandbox_id, script, **kwargs)
     assert result.exit_code == 0, (script, result)

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from e2bfacade.runtime.base import RuntimeConflict, SandboxInfo, SandboxSpec, SandboxState
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime, LocalSandboxInfo
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import cgroup_pids, daemon_pids, ok
 
@@ -55,7 +55,7 @@ def test_twenty_parallel_creates_each_get_their_own_init(
 ) -> None:
     ids = [new_sandbox_id() for _ in range(20)]
     with ThreadPoolExecutor(20) as pool:
-        results: list[SandboxInfo] = list(
+        results: list[LocalSandboxInfo] = list(
             pool.map(lambda sid: runtime.create(SandboxSpec(sid, "base", memory_mb=64)), ids)
         )
     assert [r.sandbox_id for r in results] == ids

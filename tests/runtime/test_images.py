@@ -12,13 +12,19 @@ import pytest
 
 from e2bfacade.runtime.base import (
     CreateRefused,
+    ImageInfo,
     ImageNotFound,
     InvalidId,
     SandboxRuntimeError,
     SandboxSpec,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import cgroup_dirs
+from tests.runtime.helpers import cgroup_dirs, run
+
+
+def import_tar(runtime: LocalRuntime, image: str, archive: Path) -> ImageInfo:
+    with open(archive, "rb") as f:
+        return runtime.import_image(image, f)
 
 
 def image_id() -> str:
@@ -66,15 +72,16 @@ def test_an_imported_rootfs_runs_its_own_static_binary(
         add_file(tar, "bin/hello", static_probe.read_bytes(), mode=0o755)
         add_file(tar, "etc/motd", b"imported\n")
     tpl = image_id()
-    info = runtime.import_image(tpl, str(archive))
-    assert info.parent is None and info.host_binds == () and info.size_bytes > 0
+    info = import_tar(runtime, tpl, archive)
+    assert info.parent is None and info.size_bytes > 0
+    assert runtime.images.read(tpl)["host_binds"] == []  # nothing of the host's
 
     runtime.create(SandboxSpec(sandbox_id, tpl))
-    result = runtime.exec(sandbox_id, ["/bin/hello"])
+    result = run(runtime, sandbox_id, ["/bin/hello"])
     assert (result.exit_code, result.stdout) == (0, b"hello from a static binary\n"), result
     # No host /usr in an imported template: it has exactly what its tarball had.
-    assert runtime.exec(sandbox_id, ["/bin/hello", "/usr/bin/env"]).exit_code == 1
-    assert runtime.exec(sandbox_id, ["/bin/hello", "/etc/motd"]).stdout == b"read 9\n"
+    assert run(runtime, sandbox_id, ["/bin/hello", "/usr/bin/env"]).exit_code == 1
+    assert run(runtime, sandbox_id, ["/bin/hello", "/etc/motd"]).stdout == b"read 9\n"
 
     runtime.kill(sandbox_id)
     assert runtime.delete_image(tpl) is True
@@ -140,7 +147,7 @@ def test_a_tar_member_outside_the_rootfs_is_refused(
         add_file(tar, depth + str(host_scratch / "dotdot").lstrip("/"), b"escaped")
     before = debris(runtime)
     with pytest.raises(CreateRefused):
-        runtime.import_image(image_id(), str(archive))
+        import_tar(runtime, image_id(), archive)
     assert list(host_scratch.iterdir()) == []
     assert debris(runtime) == before
 
@@ -154,7 +161,7 @@ def test_a_tar_cannot_write_through_an_absolute_symlink(
         add_file(tar, "escape/planted", b"escaped")
     before = debris(runtime)
     with pytest.raises(CreateRefused):
-        runtime.import_image(image_id(), str(archive))
+        import_tar(runtime, image_id(), archive)
     assert list(host_scratch.iterdir()) == []
     assert debris(runtime) == before
 
@@ -171,7 +178,7 @@ def test_a_tar_hardlink_cannot_reach_a_host_file(
         add_file(tar, "abs", b"overwritten through the link\n")
     tpl = image_id()
     try:
-        runtime.import_image(tpl, str(archive))
+        import_tar(runtime, tpl, archive)
     except SandboxRuntimeError:
         pass
     try:
@@ -192,7 +199,7 @@ def test_a_symlinked_mount_point_in_a_tar_cannot_make_host_directories(
         add_link(tar, "home", str(host_scratch))
     tpl = image_id()
     try:
-        runtime.import_image(tpl, str(archive))
+        import_tar(runtime, tpl, archive)
     except SandboxRuntimeError:
         pass
     try:
@@ -218,11 +225,11 @@ def test_device_nodes_in_an_imported_rootfs_cannot_be_opened(
         tar.addfile(node)
     tpl = image_id()
     try:
-        runtime.import_image(tpl, str(archive))
+        import_tar(runtime, tpl, archive)
     except SandboxRuntimeError:
         return  # refusing device nodes at import is fine too
     runtime.create(SandboxSpec(sandbox_id, tpl))
-    result = runtime.exec(sandbox_id, ["/probe", "/smuggled"])
+    result = run(runtime, sandbox_id, ["/probe", "/smuggled"])
     assert result.exit_code != 0, "a device node from the template was opened"
     # The runtime's own /dev still works.
-    assert runtime.exec(sandbox_id, ["/probe", "/dev/null"]).stdout == b"read 0\n"
+    assert run(runtime, sandbox_id, ["/probe", "/dev/null"]).stdout == b"read 0\n"

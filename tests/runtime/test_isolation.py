@@ -15,7 +15,7 @@ import pytest
 
 from e2bfacade.runtime.base import SandboxRuntimeError, SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import ok, sh
+from tests.runtime.helpers import ok, run, sh
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_guest_writes_never_reach_the_template(
         "echo leak > /etc/newfile && echo changed > /etc/hostname && "
         "echo leak > /home/user/x && mkdir -p /opt/new && rm /etc/hosts",
     )
-    ok(runtime, a, "echo leak > /home/user/y", uid=1000, gid=1000)
+    ok(runtime, a, "echo leak > /home/user/y", user="user")
     assert tree_digest(template) == before
     runtime.create(SandboxSpec(b, "base"))
     seen = ok(
@@ -211,7 +211,7 @@ def test_guest_cannot_reach_a_host_loopback_server(
         "    print('refused', e); sys.exit(3)\n"
         "print('connected')\n"
     )
-    result = runtime.exec(running, ["python3", "-c", script])
+    result = run(runtime, running, ["python3", "-c", script])
     assert result.exit_code == 3, result
     assert b"connected" not in result.stdout
 
@@ -245,11 +245,11 @@ def test_guest_proc_sys_is_read_only(runtime: LocalRuntime, running: str) -> Non
 
 
 def test_exec_as_uid_1000_runs_as_that_user(runtime: LocalRuntime, running: str) -> None:
-    assert ok(runtime, running, "id -u; id -g", uid=1000, gid=1000).split() == ["1000", "1000"]
+    assert ok(runtime, running, "id -u; id -g", user="user").split() == ["1000", "1000"]
     assert ok(runtime, running, "stat -c %u:%g /home/user").strip() == "1000:1000"
-    ok(runtime, running, "echo mine > /home/user/f && cat /home/user/f", uid=1000, gid=1000)
-    assert sh(runtime, running, "touch /etc/x", uid=1000, gid=1000).exit_code != 0
-    assert sh(runtime, running, "ls /root", uid=1000, gid=1000).exit_code != 0
+    ok(runtime, running, "echo mine > /home/user/f && cat /home/user/f", user="user")
+    assert sh(runtime, running, "touch /etc/x", user="user").exit_code != 0
+    assert sh(runtime, running, "ls /root", user="user").exit_code != 0
 
 
 # ----------------------------------------------------------------------- launch arguments

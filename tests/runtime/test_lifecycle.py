@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from tests.runtime.helpers import (
     ok,
     parent_pid,
     proc_state,
+    run,
     sh,
     sigkill_and_reap,
     wait_until,
@@ -52,7 +52,7 @@ def test_pause_really_stops_the_guest(runtime: LocalRuntime, sandbox_id: str) ->
     assert counter.read_text() == first
     assert runtime.status(sandbox_id).state is SandboxState.PAUSED
     with pytest.raises(RuntimeConflict):
-        runtime.exec(sandbox_id, ["true"])
+        run(runtime, sandbox_id, ["true"])
     with pytest.raises(RuntimeConflict):
         runtime.pause(sandbox_id)
 
@@ -108,13 +108,15 @@ def test_killing_a_paused_sandbox_works(runtime: LocalRuntime, sandbox_id: str) 
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
 
 
-def test_an_exec_timeout_ends_the_guest_command(runtime: LocalRuntime, sandbox_id: str) -> None:
+def test_a_process_lifetime_ends_the_guest_command(runtime: LocalRuntime, sandbox_id: str) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
-    with pytest.raises(subprocess.TimeoutExpired):
-        runtime.exec(sandbox_id, ["sleep", "37"], timeout=0.5)
-    # A caller's timeout must end the command, or every timed-out exec leaks a process.
+    started = time.monotonic()
+    result = run(runtime, sandbox_id, ["sh", "-c", "sleep 37 & sleep 38"], timeout=0.5)
+    assert result.signal == signal.SIGKILL and result.exit_code == 137, result
+    assert time.monotonic() - started < 5
+    # The lifetime ends the whole process group, or every timed-out command leaks one.
     assert wait_until(
-        lambda: "sleep 37" not in ok(runtime, sandbox_id, "ps -e -o args="), timeout=1
+        lambda: "sleep 3" not in ok(runtime, sandbox_id, "ps -e -o args="), timeout=1
     ), ok(runtime, sandbox_id, "ps -e -o pid=,args=")
 
 
@@ -174,7 +176,7 @@ def test_a_sandbox_launched_by_a_crashed_sandboxd_keeps_a_reaper(
 
     parent = parent_pid(info.init_pid)
     assert parent != 1 and parent in any_daemon_pids(runtime.root), (
-        f"init {info.init_pid} is now a child of {parent} {cmdline(parent)!r}"
+        f"init {info.init_pid} is now a child of {parent} {cmdline(parent or 0)!r}"
     )
     assert runtime.kill(sid) is True
     assert wait_until(lambda: gone_or_reused(info.init_pid, start), timeout=1), proc_state(
@@ -190,29 +192,27 @@ def test_a_sandbox_whose_init_died_is_dead_and_reaped(
     os.kill(info.init_pid, signal.SIGKILL)  # the kernel then kills the whole pid namespace
     assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.DEAD, timeout=2)
     with pytest.raises(RuntimeConflict):
-        runtime.exec(sandbox_id, ["true"])
+        run(runtime, sandbox_id, ["true"])
 
-    assert sandbox_id in runtime.reap_orphans()
+    assert sandbox_id in runtime.sweep()
     assert not (runtime.root / "sandboxes" / sandbox_id).exists()
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
     assert sandbox_id not in {s.sandbox_id for s in runtime.list()}
     assert runtime.kill(sandbox_id) is False
 
 
-def test_reap_orphans_removes_a_cgroup_without_a_sandbox(
-    runtime: LocalRuntime, sandbox_id: str
-) -> None:
+def test_sweep_removes_a_cgroup_without_a_sandbox(runtime: LocalRuntime, sandbox_id: str) -> None:
     # A create that crashed after making the groups and before making the directory.
     runtime.cgroups.create(sandbox_id, cpu_count=1, memory_mb=64, pids_max=64)
     assert all(d.is_dir() for d in cgroup_dirs(runtime, sandbox_id))
-    assert sandbox_id in runtime.reap_orphans()
+    assert sandbox_id in runtime.sweep()
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
 
 
-def test_reap_orphans_leaves_live_sandboxes_alone(runtime: LocalRuntime, sandbox_id: str) -> None:
+def test_sweep_leaves_live_sandboxes_alone(runtime: LocalRuntime, sandbox_id: str) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
     runtime.pause(sandbox_id)
-    assert sandbox_id not in runtime.reap_orphans()
+    assert sandbox_id not in runtime.sweep()
     assert runtime.status(sandbox_id).state is SandboxState.PAUSED
     assert runtime.status(sandbox_id).init_pid == info.init_pid
     runtime.resume(sandbox_id)
@@ -223,10 +223,10 @@ def test_exec_passes_stdin_output_and_exit_status_through(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
-    result = runtime.exec(
-        sandbox_id, ["sh", "-c", "tr a-z A-Z; echo err >&2; exit 7"], stdin=b"hello\n"
+    result = run(
+        runtime, sandbox_id, ["sh", "-c", "tr a-z A-Z; echo err >&2; exit 7"], stdin=b"hello\n"
     )
     assert result == type(result)(7, b"HELLO\n", b"err\n")
-    assert runtime.exec(sandbox_id, ["sh", "-c", "kill -9 $$"]).exit_code == 137
-    assert runtime.exec(sandbox_id, ["no-such-program"]).exit_code == 127
+    assert run(runtime, sandbox_id, ["sh", "-c", "kill -9 $$"]).exit_code == 137
+    assert run(runtime, sandbox_id, ["no-such-program"]).exit_code == 127
     assert ok(runtime, sandbox_id, "pwd", cwd="/home/user").strip() == "/home/user"

@@ -15,6 +15,7 @@ from tests.runtime.helpers import (
     gone_or_reused,
     ok,
     proc_state,
+    run,
     sh,
     wait_until,
 )
@@ -69,7 +70,8 @@ def test_a_memory_hog_is_oom_killed_within_its_limit(
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=64, pids_max=64))
     # Touch every page: an untouched calloc'd bytearray would never be charged.
-    result = runtime.exec(
+    result = run(
+        runtime,
         sandbox_id,
         ["python3", "-c", "b = bytearray(b'x') * (256 * 1024 * 1024); print(len(b))"],
         timeout=30,

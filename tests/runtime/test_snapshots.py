@@ -32,7 +32,7 @@ def test_a_snapshot_restores_files_deletions_and_opaque_dirs(
         "rm /etc/hostname && "
         "rm -rf /etc/ssl && mkdir /etc/ssl && touch /etc/ssl/only-this",
     )
-    ok(runtime, a, "echo mine > /home/user/own", uid=1000, gid=1000)
+    ok(runtime, a, "echo mine > /home/user/own", user="user")
     snap = image_id()
     info = runtime.snapshot(a, snap)
     assert info.parent == "base"

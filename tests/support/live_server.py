@@ -148,7 +148,7 @@ def kill_all_sandboxes(runtime: Any) -> None:
     ids = {p.name for p in (runtime.root / "sandboxes").iterdir() if not p.name.startswith(".")}
     for sandbox_id in ids | runtime.cgroups.list_ids():
         runtime.kill(sandbox_id)
-    runtime.reap_orphans()
+    runtime.sweep()
 
 
 def _reap(root: Path) -> None:
@@ -389,6 +389,9 @@ class Deployment:
                 "SANDBOX_ROOT": str(self.sandbox_root),
                 "DJANGO_SETTINGS_MODULE": "e2bfacade.settings",
                 "PYTHONUNBUFFERED": "1",
+                # A deployment's own secret, as serve.sh makes one: the service refuses the
+                # built-in one (e2bfacade/startup.py). ``extra_env`` may replace it.
+                "SECRET_KEY": secrets.token_urlsafe(50),
             }
             if log_level:
                 self.env["LOG_LEVEL"] = log_level

@@ -41,7 +41,7 @@ def kill_everything(rt: LocalRuntime) -> None:
     ids = {p.name for p in (rt.root / "sandboxes").iterdir() if not p.name.startswith(".")}
     for sandbox_id in ids | rt.cgroups.list_ids():
         rt.kill(sandbox_id)
-    rt.reap_orphans()
+    rt.sweep()
     images = [i for i in rt.list_images() if i != BASE_IMAGE]
     while images:
         left = []

@@ -22,6 +22,13 @@ from e2bfacade.runtime.base import RuntimeUnavailable
 SOURCE = Path(__file__).with_name("sandboxd.c")
 
 
+# The only environment sandboxd and the helpers it runs get.
+CLEAN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+}
+
+
 def source_hash() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
@@ -101,6 +108,9 @@ def ensure_daemon(root: Path) -> Path:
             stderr=log,
             start_new_session=True,
             close_fds=True,
+            # Nothing of the service's environment (it may hold secrets) reaches the daemon,
+            # and through it every sandbox's init: the init's environ is the guest's to read.
+            env=CLEAN_ENV,
         )
         log.close()
         deadline = time.monotonic() + 5

@@ -13,10 +13,19 @@
  *       which reaps it when the sandbox dies. Without a subreaper a killed sandbox would stay
  *       a zombie wherever the host's PID 1 does not reap (it does not, on some VMs).
  *
- *   sandboxd exec INIT_PID CGROUP_PROCS[,CGROUP_PROCS...] UID GID CWD -- ARGV...
+ *   sandboxd exec INIT_PID CGROUP_PROCS[,CGROUP_PROCS...] UID GID CWD OPTIONS -- ARGV...
  *       Runs ARGV inside the sandbox whose init is INIT_PID: joins its cgroups and
  *       namespaces, drops the same capabilities as the init, and waits, exiting with the
- *       command's status (128 + signal when killed). stdio is passed through.
+ *       command's status (128 + signal when killed). stdio is passed through; the
+ *       environment is exactly the one this helper was given. OPTIONS is "-" or a
+ *       comma-separated list of:
+ *         pty          stdin is a terminal: the command gets a new session with it as its
+ *                      controlling terminal (else it gets a new process group)
+ *         lifetime=MS  SIGKILL the command's process group after MS milliseconds
+ *         report=FD    write "pid HOSTPID GUESTPID\n" to FD once the command runs, and
+ *                      "status WAITSTATUS\n" when it ends
+ *       A signal sent to this helper (TERM, INT, HUP, QUIT, USR1, USR2) is forwarded to
+ *       the command's process group.
  *
  * Create requests are NUL-separated "key=value" strings ended by an empty string:
  *   rootfs=DIR lower=A:B upper=DIR work=DIR hostname=NAME cgroup=PROCS_FILE (repeatable)
@@ -41,6 +50,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -192,6 +202,8 @@ static void loopback_up(void) {
 
 /* Runs as PID 1 of the new pid namespace, inside the new mount namespace. */
 static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
+    /* The init's environment is readable by the guest (/proc/1/environ): keep none of ours. */
+    clearenv();
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     char opts[REQ_MAX];
@@ -489,16 +501,35 @@ static void forward_signal(int sig) {
     if (exec_child > 0) kill(-exec_child, sig); /* the command and what it started */
 }
 
+static void lifetime_over(int sig) {
+    (void)sig;
+    if (exec_child > 0) kill(-exec_child, SIGKILL);
+}
+
 static int run_exec(int argc, char **argv) {
-    /* argv: exec PID CGROUPS UID GID CWD -- CMD... */
-    if (argc < 9 || strcmp(argv[7], "--") != 0) {
-        fprintf(stderr, "usage: sandboxd exec PID CGROUPS UID GID CWD -- ARGV...\n");
+    /* argv: exec PID CGROUPS UID GID CWD OPTIONS -- CMD... */
+    if (argc < 10 || strcmp(argv[8], "--") != 0) {
+        fprintf(stderr, "usage: sandboxd exec PID CGROUPS UID GID CWD OPTIONS -- ARGV...\n");
         return 125;
     }
     const char *pid = argv[2];
     uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
     gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
     const char *cwd = argv[6];
+    int use_pty = 0, report_to = -1;
+    long lifetime_ms = 0;
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s", argv[7]);
+    for (char *tok = strtok(opts, ","); tok; tok = strtok(NULL, ",")) {
+        if (!strcmp(tok, "-")) continue;
+        if (!strcmp(tok, "pty")) use_pty = 1;
+        else if (!strncmp(tok, "lifetime=", 9)) lifetime_ms = strtol(tok + 9, NULL, 10);
+        else if (!strncmp(tok, "report=", 7)) report_to = (int)strtol(tok + 7, NULL, 10);
+        else {
+            fprintf(stderr, "sandboxd exec: unknown option %s\n", tok);
+            return 125;
+        }
+    }
 
     char cg[REQ_MAX];
     snprintf(cg, sizeof cg, "%s", argv[3]);
@@ -534,6 +565,13 @@ static int run_exec(int argc, char **argv) {
         fprintf(stderr, "sandboxd exec: drop capabilities: %s\n", strerror(errno));
         return 125;
     }
+    /* The child tells us its pid as its own pid namespace numbers it (our /proc is the
+     * guest's by now, where our host view of the child's pid means nothing). */
+    int pidpipe[2];
+    if (pipe2(pidpipe, O_CLOEXEC) != 0) {
+        perror("sandboxd exec: pipe");
+        return 125;
+    }
     /* The pid namespace applies to children only: fork so the command runs inside it. */
     pid_t child = fork();
     if (child < 0) {
@@ -541,7 +579,18 @@ static int run_exec(int argc, char **argv) {
         return 125;
     }
     if (child == 0) {
-        setpgid(0, 0);
+        if (report_to >= 0) close(report_to);
+        close(pidpipe[0]);
+        dprintf(pidpipe[1], "%d", getpid());
+        close(pidpipe[1]);
+        if (use_pty) {
+            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
+                fprintf(stderr, "sandboxd exec: controlling terminal: %s\n", strerror(errno));
+                _exit(125);
+            }
+        } else {
+            setpgid(0, 0);
+        }
         if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
             fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
             _exit(125);
@@ -549,20 +598,33 @@ static int run_exec(int argc, char **argv) {
         /* After setuid (which clears it): if this helper is SIGKILLed, the command dies too. */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
-        execvp(argv[8], argv + 8);
-        fprintf(stderr, "sandboxd exec: %s: %s\n", argv[8], strerror(errno));
+        execvp(argv[9], argv + 9);
+        fprintf(stderr, "sandboxd exec: %s: %s\n", argv[9], strerror(errno));
         _exit(127);
     }
-    /* Forward termination to the command so a caller's timeout ends it. */
-    setpgid(child, child); /* also here: no race with the child's own setpgid */
+    /* Forward termination to the command so a caller's signal ends it. */
+    if (!use_pty) setpgid(child, child); /* also here: no race with the child's own setpgid */
     exec_child = child;
-    signal(SIGTERM, forward_signal);
-    signal(SIGINT, forward_signal);
-    signal(SIGHUP, forward_signal);
+    const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        signal(forwarded[i], forward_signal);
+    if (lifetime_ms > 0) {
+        signal(SIGALRM, lifetime_over);
+        struct itimerval t = {{0, 0}, {lifetime_ms / 1000, (lifetime_ms % 1000) * 1000}};
+        setitimer(ITIMER_REAL, &t, NULL);
+    }
+    close(pidpipe[1]);
+    char gpid[32] = "-1";
+    ssize_t got;
+    while ((got = read(pidpipe[0], gpid, sizeof gpid - 1)) < 0 && errno == EINTR) {}
+    if (got > 0) gpid[got] = 0;
+    close(pidpipe[0]);
+    if (report_to >= 0) dprintf(report_to, "pid %d %s\n", child, gpid);
     int status;
     while (waitpid(child, &status, 0) < 0) {
         if (errno != EINTR) return 125;
     }
+    if (report_to >= 0) dprintf(report_to, "status %d\n", status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return WEXITSTATUS(status);
 }
@@ -573,6 +635,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < argc; i++) g_argv_len += strlen(argv[i]) + 1;
     if (argc == 3 && !strcmp(argv[1], "daemon")) return run_daemon(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "exec")) return run_exec(argc, argv);
-    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd exec PID CGROUPS UID GID CWD -- ARGV\n");
+    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd exec PID CGROUPS UID GID CWD OPTS -- ARGV\n");
     return 2;
 }

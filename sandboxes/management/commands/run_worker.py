@@ -23,8 +23,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from e2bfacade.throttling import purge_windows
-from idempotency import services as idempotency
-from sandboxes import services
+from idempotency import maintenance as idempotency
+from sandboxes import worker
 from sandboxes.models import Sandbox
 from templates.services import template_sweep_images
 
@@ -73,16 +73,16 @@ class Command(BaseCommand):
     def tick(self, n: int, stale_after: timedelta, *, full: bool) -> None:
         now = timezone.now()
         for sandbox_id in list(Sandbox.objects.expired(now).values_list("pk", flat=True)[:200]):
-            action = services.sandbox_expire(sandbox_id=sandbox_id)
+            action = worker.sandbox_expire(sandbox_id=sandbox_id)
             if action:
                 logger.info("sandbox %s timed out: %s", sandbox_id, action)
         if full or n % 5 == 0:
             for record_pk in idempotency.drive_abandoned():
                 logger.info("idempotency record %s: re-drove an abandoned claim", record_pk)
-            for sandbox_id in services.sandbox_recover_stale(older_than=now - stale_after):
+            for sandbox_id in worker.sandbox_recover_stale(older_than=now - stale_after):
                 logger.info("sandbox %s: finished an abandoned transition", sandbox_id)
         if full or n % 10 == 0:
-            result = services.sandbox_reconcile()
+            result = worker.sandbox_reconcile()
             for kind, ids in result.items():
                 for sandbox_id in ids:
                     logger.info("reconcile: sandbox %s %s", sandbox_id, kind)

@@ -30,14 +30,17 @@ class Command(BaseCommand):
             if team is None:
                 raise CommandError(f"no team named {options['team']!r}")
         try:
-            template = template_import(
-                alias=options["name"],
-                tar_path=options["rootfs"],
-                team=team,
-                cpu_count=options["cpu_count"],
-                memory_mb=options["memory_mb"],
-                disk_size_mb=options["disk_size_mb"],
-            )
+            with open(options["rootfs"], "rb") as archive:
+                template = template_import(
+                    alias=options["name"],
+                    archive=archive,
+                    team=team,
+                    cpu_count=options["cpu_count"],
+                    memory_mb=options["memory_mb"],
+                    disk_size_mb=options["disk_size_mb"],
+                )
+        except OSError as exc:
+            raise CommandError(f"cannot read {options['rootfs']!r}: {exc.strerror}") from exc
         except (TemplateExists, SandboxRuntimeError) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"imported {template.alias} as template {template.template_id}")

@@ -1,0 +1,52 @@
+"""What the configured sandbox driver can do, as request validation needs it.
+
+The driver declares its capabilities (``e2bfacade.runtime.base.Capability``); a request
+field that needs one the driver lacks is refused with a 400 naming the field and saying
+why, never accepted and silently ignored. Read from the driver's class, so validation
+needs no running runtime (and no root).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from e2bfacade.runtime import registry
+from e2bfacade.runtime.base import Capability
+
+# What each capability is, as a refusal puts it: "<what> is not supported by ...".
+WHAT = {
+    Capability.INTERNET_ACCESS: "internet access (sandboxes have their own loopback only; "
+    "omit it or send false)",
+    Capability.NETWORK_RULES: "network rules",
+    Capability.FILESYSTEM_PAUSE: "filesystem-only pause (a pause is a freeze, which keeps memory)",
+    Capability.REBOOT_ON_RESUME: "reboot on resume (a resume always restores memory)",
+    Capability.MEMORY_SNAPSHOTS: "memory snapshots (snapshots capture files only; omit it or "
+    "send false)",
+    Capability.VOLUME_MOUNTS: "volumes",
+    Capability.DISK_QUOTA: "a disk size limit",
+    Capability.PROCESSES: "running processes",
+    Capability.PTY: "terminals",
+    Capability.FILES: "file operations",
+}
+
+
+def supported() -> frozenset[Capability]:
+    return registry.driver_class(settings.SANDBOX_RUNTIME).capabilities
+
+
+def refusal(capability: Capability) -> str | None:
+    """None when the driver has ``capability``, else the message that refuses it."""
+    if capability in supported():
+        return None
+    return f"{WHAT[capability]} is not supported by the {settings.SANDBOX_RUNTIME!r} runtime"
+
+
+def refusals(needed: dict[str, tuple[bool, Capability]]) -> dict[str, list[str]]:
+    """``{field: (asked for it, capability it needs)}`` → DRF errors for the fields the
+    driver cannot honour."""
+    errors = {}
+    for name, (asked, capability) in needed.items():
+        message = refusal(capability) if asked else None
+        if message:
+            errors[name] = [message]
+    return errors

@@ -1,0 +1,417 @@
+"""Files inside a local sandbox, opened by the host with ``openat2(RESOLVE_IN_ROOT)``
+against the sandbox's root (``/proc/<init>/root``): the kernel resolves every component,
+symlinks and ``..`` included, as if the guest's root were ``/``, so no guest-made link can
+lead to a host file; magic links (``/proc/<pid>/root`` and friends) are refused outright,
+and so is any operation on the guest's procfs, sysfs or cgroupfs (they are the host
+kernel's). Every operation runs on a thread whose file-system ids are the guest user's
+(``setfsuid`` drops the host's file capabilities), so the kernel checks the user's
+permissions and what is created is owned by the user — the answers the user would get
+from inside. Guest accounts are read from the guest's own /etc/passwd and /etc/group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError
+
+# The guest's account files are read to resolve names; a larger one is refused, not read.
+MAX_ACCOUNT_FILE = 1 << 20
+MAX_DEPTH = 64  # the deepest list_dir
+
+# ------------------------------------------------------------------------ the syscalls
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+SYS_OPENAT2 = 437
+SYS_SETFSUID = 122
+SYS_SETFSGID = 123
+SYS_SETGROUPS = 116
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+# File systems a file operation must never touch, even inside the guest's tree: the
+# host's kernel interfaces (the guest's /proc, /sys and cgroupfs are the host kernel's).
+FORBIDDEN_FS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2"}
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def _openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), 24)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise GuestFileError(err, f"{path}: {os.strerror(err)}")
+    return int(fd)
+
+
+def _check_fs(fd: int, path: str) -> None:
+    buf = _StatFs()
+    if _libc.fstatfs(fd, ctypes.byref(buf)) == 0 and buf.f_type in FORBIDDEN_FS:
+        raise GuestFileError(
+            errno.EPERM, f"{path}: file operations on {FORBIDDEN_FS[buf.f_type]} are refused"
+        )
+
+
+def _fs_ids(uid: int, gid: int) -> None:
+    # Raw syscalls: they change only the calling thread (glibc's wrappers would change
+    # every thread of the process). A non-zero fsuid clears the file capabilities.
+    _libc.syscall(SYS_SETGROUPS, 0, None)
+    _libc.syscall(SYS_SETFSGID, gid)
+    _libc.syscall(SYS_SETFSUID, uid)
+
+
+@contextlib.contextmanager
+def as_guest_user(uid: int, gid: int) -> Iterator[None]:
+    """File-system ids of ``uid``/``gid`` for the calling thread, restored afterwards."""
+    groups = os.getgroups()
+    _fs_ids(uid, gid)
+    try:
+        yield
+    finally:
+        _libc.syscall(SYS_SETFSUID, 0)
+        _libc.syscall(SYS_SETFSGID, 0)
+        arr = (ctypes.c_uint * max(len(groups), 1))(*groups)
+        _libc.syscall(SYS_SETGROUPS, len(groups), arr)
+
+
+# --------------------------------------------------------------------------- accounts
+@dataclass(frozen=True)
+class Account:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def _read_small(root_fd: int, path: str) -> str:
+    try:
+        fd = _openat2(root_fd, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except GuestFileError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ACCOUNT_FILE:
+            return ""
+        return os.read(fd, MAX_ACCOUNT_FILE).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def _table(root_fd: int, path: str) -> list[list[str]]:
+    return [line.split(":") for line in _read_small(root_fd, path).splitlines()]
+
+
+def lookup_user(root_fd: int, name: str) -> Account:
+    """The guest account ``name`` from the guest's own /etc/passwd."""
+    for row in _table(root_fd, "/etc/passwd"):
+        if len(row) >= 6 and row[0] == name and row[2].isdigit() and row[3].isdigit():
+            return Account(name, int(row[2]), int(row[3]), row[5] or "/")
+    if name == "root":  # uid 0 is root whatever the guest's files say (a bare rootfs has none)
+        return Account("root", 0, 0, "/root")
+    raise GuestFileError(errno.ENOENT, f"user {name!r} does not exist in the sandbox")
+
+
+def id_names(root_fd: int) -> tuple[dict[int, str], dict[int, str]]:
+    users = {
+        int(r[2]): r[0] for r in _table(root_fd, "/etc/passwd") if len(r) > 2 and r[2].isdigit()
+    }
+    groups = {
+        int(r[2]): r[0] for r in _table(root_fd, "/etc/group") if len(r) > 2 and r[2].isdigit()
+    }
+    return users, groups
+
+
+def guest_path(path: str, home: str) -> str:
+    """An absolute, normalised guest path: relative ones (and ``~``) are under ``home``."""
+    if "\0" in path:
+        raise GuestFileError(errno.EINVAL, "a path may not contain a NUL byte")
+    if path == "~" or path.startswith("~/"):
+        path = home + path[1:]
+    if not path.startswith("/"):
+        path = f"{home.rstrip('/')}/{path}"
+    parts: list[str] = []
+    for part in PurePosixPath(path).parts[1:]:
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+# ------------------------------------------------------------------------------ files
+class GuestFiles:
+    """File operations in one sandbox as one guest user. Use as a context manager; every
+    method must run on the thread that entered it (the fs ids are per thread)."""
+
+    def __init__(self, init_pid: int, user: str) -> None:
+        self._root = os.open(f"/proc/{init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.account = lookup_user(self._root, user)
+            self._names = id_names(self._root)
+        except BaseException:
+            os.close(self._root)
+            raise
+        self._ids: contextlib.AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> GuestFiles:
+        self._ids = as_guest_user(self.account.uid, self.account.gid)
+        self._ids.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._ids is not None
+        self._ids.__exit__(*exc)
+        os.close(self._root)
+
+    def path(self, path: str) -> str:
+        return guest_path(path, self.account.home)
+
+    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+        fd = _openat2(self._root, path, flags, mode)
+        try:
+            _check_fs(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextlib.contextmanager
+    def _parent(self, path: str) -> Iterator[tuple[int, str]]:
+        """The directory holding ``path`` (resolved in the guest) and the last component."""
+        if path == "/":
+            raise GuestFileError(errno.EBUSY, "/: the root cannot be changed")
+        parent, name = path.rsplit("/", 1)
+        fd = self._open(parent or "/", os.O_PATH | os.O_DIRECTORY)
+        try:
+            yield fd, name
+        finally:
+            os.close(fd)
+
+    def _entry(self, path: str, st: os.stat_result, target: str | None) -> EntryInfo:
+        if stat.S_ISLNK(st.st_mode):
+            kind = FileType.SYMLINK
+        elif stat.S_ISDIR(st.st_mode):
+            kind = FileType.DIRECTORY
+        elif stat.S_ISREG(st.st_mode):
+            kind = FileType.FILE
+        else:
+            kind = FileType.OTHER
+        users, groups = self._names
+        return EntryInfo(
+            name=path.rsplit("/", 1)[1] or "/",
+            path=path,
+            type=kind,
+            size=st.st_size,
+            mode=st.st_mode,
+            owner=users.get(st.st_uid, str(st.st_uid)),
+            group=groups.get(st.st_gid, str(st.st_gid)),
+            modified_time=st.st_mtime,
+            symlink_target=target,
+        )
+
+    def _lstat_in(self, dir_fd: int, name: str, path: str) -> EntryInfo:
+        try:
+            st = os.stat(name or ".", dir_fd=dir_fd, follow_symlinks=False)
+            target = os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else None
+        except OSError as exc:
+            raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+        return self._entry(path, st, target)
+
+    def stat(self, path: str) -> EntryInfo:
+        path = self.path(path)
+        if path == "/":
+            fd = self._open("/", os.O_PATH | os.O_DIRECTORY)
+            try:
+                return self._entry("/", os.fstat(fd), None)
+            finally:
+                os.close(fd)
+        with self._parent(path) as (fd, name):
+            return self._lstat_in(fd, name, path)
+
+    def list_dir(self, path: str, depth: int = 1) -> list[EntryInfo]:
+        path = self.path(path)
+        if not 1 <= depth <= MAX_DEPTH:
+            raise GuestFileError(errno.EINVAL, f"depth must be between 1 and {MAX_DEPTH}")
+        fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+        out: list[EntryInfo] = []
+        # Iterative walk with an explicit stack: a deep guest tree cannot exhaust ours.
+        stack = [(fd, path, 1)]
+        try:
+            while stack:
+                dir_fd, dir_path, level = stack.pop()
+                try:
+                    names = sorted(os.listdir(dir_fd))
+                    for name in names:
+                        child = f"{dir_path.rstrip('/')}/{name}"
+                        entry = self._lstat_in(dir_fd, name, child)
+                        out.append(entry)
+                        if entry.type is FileType.DIRECTORY and level < depth:
+                            try:
+                                sub = os.open(
+                                    name,
+                                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                    dir_fd=dir_fd,
+                                )
+                            except OSError:
+                                continue  # unreadable: listed, not descended into
+                            stack.append((sub, child, level + 1))
+                finally:
+                    os.close(dir_fd)
+        finally:
+            for dir_fd, _, _ in stack:
+                os.close(dir_fd)
+        return out
+
+    def make_dir(self, path: str) -> bool:
+        path = self.path(path)
+        parts = [p for p in path.split("/") if p]
+        current = "/"
+        created = False
+        for part in parts:
+            with self._parent(f"{current.rstrip('/')}/{part}") as (fd, name):
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    created = True
+                except FileExistsError:
+                    st = os.stat(name, dir_fd=fd)  # follows a symlink, inside the guest
+                    if not stat.S_ISDIR(st.st_mode):
+                        raise GuestFileError(
+                            errno.ENOTDIR, f"{current}{part}: not a directory"
+                        ) from None
+                    created = False
+                except OSError as exc:
+                    raise GuestFileError(
+                        exc.errno or errno.EIO, f"{path}: {exc.strerror}"
+                    ) from None
+            current = f"{current.rstrip('/')}/{part}"
+        return created
+
+    def move(self, source: str, destination: str) -> EntryInfo:
+        source, destination = self.path(source), self.path(destination)
+        with (
+            self._parent(source) as (src_fd, src_name),
+            self._parent(destination) as (dst_fd, dst_name),
+        ):
+            try:
+                os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as exc:
+                raise GuestFileError(exc.errno or errno.EIO, f"{source}: {exc.strerror}") from None
+            return self._lstat_in(dst_fd, dst_name, destination)
+
+    def remove(self, path: str) -> None:
+        path = self.path(path)
+        try:
+            with self._parent(path) as (fd, name):
+                _remove_tree(fd, name, path)
+        except GuestFileError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    def open_read(self, path: str) -> int:
+        """A descriptor for reading the regular file ``path``: the permission check happens
+        here, so the caller may read it on any thread."""
+        path = self.path(path)
+        fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise GuestFileError(errno.EISDIR, f"{path}: is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise GuestFileError(errno.EINVAL, f"{path}: not a regular file")
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def write(self, path: str, chunks: Iterable[bytes]) -> EntryInfo:
+        path = self.path(path)
+        parent = path.rsplit("/", 1)[0] or "/"
+        self.make_dir(parent)
+        with self._parent(path) as (dir_fd, name):
+            try:
+                fd = os.open(
+                    name,
+                    os.O_WRONLY
+                    | os.O_CREAT
+                    | os.O_TRUNC
+                    | os.O_NOFOLLOW
+                    | os.O_NONBLOCK
+                    | os.O_CLOEXEC,
+                    0o644,
+                    dir_fd=dir_fd,
+                )
+            except OSError as exc:
+                raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise GuestFileError(errno.EINVAL, f"{path}: not a regular file")
+                os.set_blocking(fd, True)
+                for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            except OSError as exc:
+                raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
+            return self._lstat_in(dir_fd, name, path)
+
+
+def _remove_tree(dir_fd: int, name: str, path: str) -> None:
+    """Remove ``name`` in ``dir_fd``, recursively, without following symlinks and without
+    recursion on the host's stack (a deep guest tree is walked with an explicit stack)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    except IsADirectoryError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EPERM:  # EPERM: unlink of a directory on some file systems
+            raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+    # (directory fd, name of the directory within its parent, parent fd)
+    stack: list[tuple[int, str, int]] = []
+    try:
+        top = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        stack.append((top, name, dir_fd))
+        while stack:
+            fd, dname, pfd = stack[-1]
+            descended = False
+            for entry in os.scandir(fd):
+                if entry.is_dir(follow_symlinks=False):
+                    sub = os.open(
+                        entry.name,
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        dir_fd=fd,
+                    )
+                    stack.append((sub, entry.name, fd))
+                    descended = True
+                    break
+                os.unlink(entry.name, dir_fd=fd)
+            if descended:
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(dname, dir_fd=pfd)
+    except OSError as exc:
+        raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)

@@ -1,0 +1,228 @@
+"""The local driver's images: read-only lower layers under ``images/<id>/``, each with a
+parent (a snapshot's parent is the image its sandbox ran), published by rename so readers
+never see half an image.
+
+``base`` is built here from the host: its ``/usr`` (and ``/bin``, ``/lib*``) bound
+read-only, over a fresh ``/etc`` skeleton and an empty ``/home/user`` — never the host's
+``/etc``, ``/root``, ``/home`` or ``/var``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from e2bfacade.runtime.base import BUILTIN_IMAGE, CreateRefused, ImageInfo, ImageNotFound
+from e2bfacade.runtime.local import layers
+from e2bfacade.runtime.local.state import Layout
+
+BASE_IMAGE = BUILTIN_IMAGE
+GUEST_USER_UID = 1000
+# These /etc entries are copied because programs need them and they hold nothing secret
+# (alternatives symlinks, the dynamic linker cache, public CA certs).
+HOST_ETC_COPIES = (
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl/certs",
+    "profile",
+    "bash.bashrc",
+    "nsswitch.conf",
+    "localtime",
+    "os-release",
+    "debian_version",
+)
+BASE_DIRS = (
+    "usr",
+    "etc",
+    "home",
+    "root",
+    "tmp",
+    "var/tmp",
+    "var/log",
+    "var/cache",
+    "var/lib",
+    "opt",
+    "mnt",
+    "srv",
+    "proc",
+    "sys",
+    "dev",
+    "run",
+)
+# Mount points the runtime needs in every image, made at import so they never land in a
+# sandbox's writable layer (and so in its snapshots).
+MOUNT_POINTS = ("proc", "sys", "dev", "run", "tmp", "home/user")
+
+Builder = Callable[[Path], dict[str, Any]]
+
+
+class ImageStore:
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    def read(self, image_id: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.layout.image_dir(image_id) / "image.json").read_text())  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            raise ImageNotFound(f"image {image_id!r} does not exist") from None
+
+    def read_or_empty(self, image_id: str) -> dict[str, Any]:
+        try:
+            return self.read(image_id)
+        except ImageNotFound:
+            return {}
+
+    def info(self, image_id: str) -> ImageInfo:
+        meta = self.read(image_id)
+        return ImageInfo(
+            image_id=image_id,
+            parent=meta.get("parent"),
+            size_bytes=int(meta.get("size", 0)),
+            created_at=float(meta.get("created", 0)),
+        )
+
+    def exists(self, image_id: str) -> bool:
+        return (self.layout.image_dir(image_id) / "image.json").exists()
+
+    def chain(self, image_id: str) -> builtins.list[dict[str, Any]]:
+        """The image and its ancestors, top layer first, each as its image.json plus "id"."""
+        chain: builtins.list[dict[str, Any]] = []
+        current: str | None = image_id
+        while current is not None:
+            meta = {**self.read(current), "id": current}
+            chain.append(meta)
+            current = meta.get("parent")
+        return chain
+
+    def chain_ids(self, image_id: str) -> builtins.list[str]:
+        try:
+            return [m["id"] for m in self.chain(image_id)]
+        except ImageNotFound:
+            return [image_id]
+
+    def list(self) -> list[str]:
+        return sorted(
+            p.name
+            for p in (self.layout.root / "images").iterdir()
+            if not p.name.startswith(".") and (p / "image.json").exists()
+        )
+
+    def children(self, image_id: str) -> builtins.list[str]:
+        return [
+            name
+            for name in self.list()
+            if name != image_id and self.read_or_empty(name).get("parent") == image_id
+        ]
+
+    def publish(self, image_id: str, build: Builder) -> ImageInfo:
+        """Build an image in a temp dir and rename it into place: readers never see half."""
+        final = self.layout.image_dir(image_id)
+        with self.layout.locked("image", image_id):
+            if (final / "image.json").exists():
+                return self.info(image_id)
+            tmp = final.with_name(f".{image_id}.building")
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "rootfs").mkdir(parents=True)
+            try:
+                meta = build(tmp)
+                meta["size"] = layers.tree_size(tmp / "rootfs")
+                meta["created"] = time.time()
+                (tmp / "image.json").write_text(json.dumps(meta))
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return self.info(image_id)
+
+    def remove(self, image_id: str) -> None:
+        """Delete the image's files. Caller holds its lock and checked nothing uses it."""
+        final = self.layout.image_dir(image_id)
+        tomb = final.with_name(f".{image_id}.deleting")
+        os.rename(final, tomb)
+        shutil.rmtree(tomb)
+
+    def ensure_base(self) -> ImageInfo:
+        if self.exists(BASE_IMAGE):
+            return self.info(BASE_IMAGE)
+        return self.publish(BASE_IMAGE, _build_base)
+
+    def import_archive(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
+        """A rootfs tarball (read from ``archive``) becomes image ``image_id``. Unsafe
+        members (absolute paths, ``..``, links out of the tree, devices) are refused."""
+        spool = self.layout.root / "run" / f".import-{image_id}-{os.getpid()}.tar"
+
+        def make(tmp: Path) -> dict[str, Any]:
+            layers.extract_layer(spool, tmp / "rootfs")
+            # Never through a symlink: the archive's links point into the guest's tree,
+            # not the host's.
+            for d in MOUNT_POINTS:
+                p = tmp / "rootfs"
+                for part in Path(d).parts:
+                    p = p / part
+                    if p.is_symlink() or (p.exists() and not p.is_dir()):
+                        raise CreateRefused(f"/{d} in the archive is not a directory")
+                    if not p.exists():
+                        p.mkdir()
+            return {"parent": None, "host_binds": []}
+
+        try:
+            with open(spool, "wb") as out:
+                shutil.copyfileobj(archive, out)
+            return self.publish(image_id, make)
+        except (OSError, ValueError, tarfile.TarError) as exc:
+            raise CreateRefused(f"cannot import the archive: {exc}") from exc
+        finally:
+            spool.unlink(missing_ok=True)
+
+
+def _build_base(tmp: Path) -> dict[str, Any]:
+    rootfs = tmp / "rootfs"
+    binds = ["/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/") / top
+        if host.is_symlink():  # merged-/usr hosts: /bin -> usr/bin
+            os.symlink(os.readlink(host), rootfs / top)
+        elif host.is_dir():
+            binds.append(str(host))
+    for d in BASE_DIRS:
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(rootfs / "tmp", 0o1777)
+    os.chmod(rootfs / "var/tmp", 0o1777)
+    os.chmod(rootfs / "root", 0o700)
+    home = rootfs / "home/user"
+    home.mkdir()
+    os.chown(home, GUEST_USER_UID, GUEST_USER_UID)
+    etc = rootfs / "etc"
+    for name in HOST_ETC_COPIES:
+        src = Path("/etc") / name
+        dst = etc / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        elif src.is_dir():
+            shutil.copytree(src, dst, symlinks=True)
+        elif src.is_file():
+            shutil.copy2(src, dst)
+    uid = GUEST_USER_UID
+    (etc / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\n"
+        f"user:x:{uid}:{uid}:user:/home/user:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\nsudo:x:27:user\nuser:x:{uid}:\nnogroup:x:65534:\n")
+    (etc / "shadow").write_text("root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n")
+    os.chmod(etc / "shadow", 0o640)
+    (etc / "hostname").write_text("e2b\n")
+    (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    (etc / "resolv.conf").write_text("")
+    return {"parent": None, "host_binds": binds}

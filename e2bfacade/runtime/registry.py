@@ -1,0 +1,37 @@
+"""Drivers by name. ``SANDBOX_RUNTIME`` names one; :func:`open_driver` builds it for a
+``SANDBOX_ROOT``. A driver is registered as ``"module:Class"`` so that naming it here costs
+no import: a host without a driver's dependencies can still run the others.
+
+A new driver (docker, kubernetes via agent-sandbox, gvisor, ...) is one module exposing a
+class with ``name``, ``capabilities`` and the methods of :class:`.base.Runtime`, one line
+here, and a passing run of ``tests/runtime/test_contract.py`` against it
+(docs/ARCHITECTURE.md, "Adding a driver").
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import cast
+
+from e2bfacade.runtime.base import Runtime
+
+DRIVERS: dict[str, str] = {
+    "local": "e2bfacade.runtime.local.driver:LocalRuntime",
+}
+
+
+def driver_names() -> list[str]:
+    return sorted(DRIVERS)
+
+
+def driver_class(name: str) -> type[Runtime]:
+    """The class of the driver ``name`` (KeyError for an unknown name)."""
+    module_name, _, class_name = DRIVERS[name].partition(":")
+    return cast(type[Runtime], getattr(importlib.import_module(module_name), class_name))
+
+
+def open_driver(name: str, root: Path) -> Runtime:
+    """A new instance of the driver ``name`` keeping its state under ``root``. Raises
+    KeyError for an unknown name, RuntimeUnavailable when this host cannot run it."""
+    return driver_class(name)(root)  # type: ignore[call-arg]

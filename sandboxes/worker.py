@@ -1,0 +1,131 @@
+"""What the lifecycle worker does to sandboxes (``manage.py run_worker``): apply timeouts,
+finish transitions a dead process abandoned, and make the database and the runtime agree.
+Several workers may run at once: rows are claimed with ``SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from e2bfacade.runtime.base import RuntimeConflict, SandboxNotFound, SandboxState
+from e2bfacade.sandbox_runtime import get_runtime
+from idempotency.models import IdempotencyRecord
+from sandboxes.models import Sandbox
+from sandboxes.services import kill_in_runtime
+from sandboxes.transitions import TRANSITIONAL_STATES, transition_finish
+
+State = Sandbox.State
+
+
+def sandbox_expire(*, sandbox_id: str) -> str | None:
+    """Apply the timeout action of one sandbox whose ``endAt`` has passed. Returns the
+    action taken, or None when someone else got there first (SKIP LOCKED)."""
+    now = timezone.now()
+    with transaction.atomic():
+        row = (
+            Sandbox.objects.select_for_update(skip_locked=True)
+            .expired(now)
+            .filter(pk=sandbox_id)
+            .first()
+        )
+        if row is None:
+            return None
+        pause = row.on_timeout == Sandbox.OnTimeout.PAUSE
+        row.state = State.PAUSING if pause else State.KILLING
+        row.state_changed_at = now
+        row.save(update_fields=["state", "state_changed_at"])
+    if pause:
+        try:
+            get_runtime().pause(row.sandbox_id)
+        except SandboxNotFound:
+            transition_finish(row, State.PAUSING, State.KILLED, killed_at=timezone.now())
+            return "gone"
+        except RuntimeConflict:
+            pass  # already frozen: the outcome we wanted
+        transition_finish(row, State.PAUSING, State.PAUSED)
+        return "paused"
+    kill_in_runtime(row)
+    return "killed"
+
+
+def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
+    """Finish transitions abandoned by a dead process (state unchanged since
+    ``older_than``): creating is re-driven or dropped, pausing/resuming are settled from
+    what the runtime reports, killing is re-driven."""
+    recovered = []
+    runtime = get_runtime()
+    stale = Sandbox.objects.filter(
+        state__in=TRANSITIONAL_STATES,
+        state_changed_at__lt=older_than,
+    ).values_list("pk", flat=True)
+    for sandbox_id in list(stale[:500]):
+        with transaction.atomic():
+            row = (
+                Sandbox.objects.select_for_update(skip_locked=True)
+                .filter(pk=sandbox_id, state_changed_at__lt=older_than)
+                .select_related("template")
+                .first()
+            )
+            if row is None or row.state in (State.RUNNING, State.PAUSED, State.KILLED):
+                continue
+            claimed = row.state
+            # Touch it so a concurrent worker does not pick it up while we act.
+            row.state_changed_at = timezone.now()
+            row.save(update_fields=["state_changed_at"])
+        if claimed == State.KILLING:
+            kill_in_runtime(row)
+        elif claimed == State.CREATING:
+            if IdempotencyRecord.objects.filter(
+                resource_id=row.sandbox_id, state=IdempotencyRecord.State.IN_PROGRESS
+            ).exists():
+                continue  # a keyed create: idempotency's drive_abandoned re-drives it
+            # Its creator died before answering, so nobody was handed this sandbox: make
+            # sure none runs and drop the row.
+            runtime.kill(row.sandbox_id)
+            Sandbox.objects.filter(pk=row.pk, state=State.CREATING).delete()
+        else:
+            try:
+                actual = runtime.status(row.sandbox_id).state
+            except SandboxNotFound:
+                actual = SandboxState.DEAD
+            if actual is SandboxState.DEAD:
+                runtime.kill(row.sandbox_id)
+                transition_finish(row, claimed, State.KILLED, killed_at=timezone.now())
+            else:
+                target = State.PAUSED if actual is SandboxState.PAUSED else State.RUNNING
+                transition_finish(row, claimed, target)
+        recovered.append(sandbox_id)
+    return recovered
+
+
+def sandbox_reconcile() -> dict[str, list[str]]:
+    """Make the database and the runtime agree: a sandbox the database thinks is live but
+    the runtime lost is marked killed; a runtime sandbox the database does not know (or
+    knows as killed) is killed."""
+    runtime = get_runtime()
+    # Database first, runtime second: a sandbox the database saw live existed in the runtime
+    # before we listed it, so missing from the list means it really died.
+    known = dict(Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state"))
+    actual = {info.sandbox_id: info for info in runtime.list()}
+    gone, orphans = [], []
+    for sandbox_id, state in known.items():
+        if state in (State.CREATING, State.KILLING):
+            continue  # in flight: sandbox_recover_stale owns these
+        info = actual.get(sandbox_id)
+        if info is None or info.state is SandboxState.DEAD:
+            updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
+                state=State.KILLED, state_changed_at=timezone.now(), killed_at=timezone.now()
+            )
+            if updated:
+                runtime.kill(sandbox_id)
+                gone.append(sandbox_id)
+    for sandbox_id in actual.keys() - known.keys():
+        # Re-check under the runtime's view: a create may have reserved it since we read.
+        if not Sandbox.objects.filter(pk=sandbox_id).exclude(state=State.KILLED).exists():
+            runtime.kill(sandbox_id)
+            orphans.append(sandbox_id)
+    reaped = runtime.sweep()
+    return {"gone": gone, "orphans": orphans, "reaped": reaped}

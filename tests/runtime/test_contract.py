@@ -1,0 +1,395 @@
+"""The runtime contract: what every driver in the registry must do, through the interface
+of ``e2bfacade.runtime.base`` alone (no driver internals, no host probes — those are the
+driver's own tests). A new driver joins the registry and must pass this file unchanged.
+
+Each test runs once per registered driver; a driver this host cannot run is skipped with
+its own reason (the local driver needs root, namespaces and cgroups).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import signal
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from e2bfacade.runtime import registry
+from e2bfacade.runtime.base import (
+    BUILTIN_IMAGE,
+    Capability,
+    CreateRefused,
+    FileType,
+    GuestFileError,
+    ImageNotFound,
+    NetworkPolicy,
+    ProcessSpec,
+    PtySize,
+    Runtime,
+    RuntimeConflict,
+    SandboxNotFound,
+    SandboxSpec,
+    SandboxState,
+    Stream,
+    run_process,
+)
+
+pytestmark = pytest.mark.parametrize("driver_name", registry.driver_names())
+
+
+@pytest.fixture
+def driver(driver_name: str, request: pytest.FixtureRequest) -> Runtime:
+    if driver_name == "local":
+        # The local driver's session runtime (tests/runtime/conftest.py): one root, one
+        # sandboxd, cleaned up thoroughly at the end of the session.
+        rt: Runtime = request.getfixturevalue("runtime")
+        return rt
+    pytest.skip(f"no test root is set up for driver {driver_name!r}")  # pragma: no cover
+
+
+@pytest.fixture
+def make_sandbox(driver: Runtime) -> Iterator[Callable[..., str]]:
+    made: list[str] = []
+
+    def make(**spec: object) -> str:
+        sandbox_id = f"c{uuid.uuid4().hex[:12]}"
+        made.append(sandbox_id)
+        driver.create(SandboxSpec(sandbox_id, BUILTIN_IMAGE, **spec))  # type: ignore[arg-type]
+        return sandbox_id
+
+    yield make
+    for sandbox_id in made:
+        driver.kill(sandbox_id)
+
+
+def sh(driver: Runtime, sandbox_id: str, script: str, **spec: object) -> tuple[int, str, str]:
+    result = run_process(
+        driver,
+        sandbox_id,
+        ProcessSpec(("sh", "-c", script), timeout=30, **spec),  # type: ignore[arg-type]
+    )
+    return result.exit_code, result.stdout.decode(), result.stderr.decode()
+
+
+# ----------------------------------------------------------------------------- lifecycle
+def test_a_driver_names_itself_and_declares_its_capabilities(
+    driver: Runtime, driver_name: str
+) -> None:
+    assert driver.name == driver_name
+    assert isinstance(driver.capabilities, frozenset)
+    assert all(isinstance(c, Capability) for c in driver.capabilities)
+
+
+def test_create_is_idempotent_by_id(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    again = driver.create(SandboxSpec(sandbox_id, BUILTIN_IMAGE))
+    assert again.adopted is True and again.state is SandboxState.RUNNING
+    assert [s.sandbox_id for s in driver.list()].count(sandbox_id) == 1
+
+
+def test_create_from_a_missing_image_allocates_nothing(driver: Runtime) -> None:
+    sandbox_id = f"c{uuid.uuid4().hex[:12]}"
+    with pytest.raises(ImageNotFound):
+        driver.create(SandboxSpec(sandbox_id, "no-such-image"))
+    with pytest.raises(SandboxNotFound):
+        driver.status(sandbox_id)
+
+
+def test_a_network_policy_the_driver_cannot_honour_is_refused(driver: Runtime) -> None:
+    if Capability.INTERNET_ACCESS in driver.capabilities:
+        pytest.skip("this driver gives sandboxes internet access")
+    sandbox_id = f"c{uuid.uuid4().hex[:12]}"
+    with pytest.raises(CreateRefused):
+        driver.create(
+            SandboxSpec(sandbox_id, BUILTIN_IMAGE, network=NetworkPolicy(allow_internet=True))
+        )
+    with pytest.raises(SandboxNotFound):
+        driver.status(sandbox_id)
+
+
+def test_pause_resume_and_kill(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    driver.pause(sandbox_id)
+    assert driver.status(sandbox_id).state is SandboxState.PAUSED
+    with pytest.raises(RuntimeConflict):
+        driver.pause(sandbox_id)
+    with pytest.raises(RuntimeConflict):  # a paused guest runs nothing
+        driver.start_process(sandbox_id, ProcessSpec(("true",)))
+    driver.resume(sandbox_id)
+    assert driver.status(sandbox_id).state is SandboxState.RUNNING
+    assert driver.kill(sandbox_id) is True
+    assert driver.kill(sandbox_id) is False
+    with pytest.raises(SandboxNotFound):
+        driver.status(sandbox_id)
+
+
+def test_a_snapshot_carries_files_into_a_new_sandbox(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    a = make_sandbox()
+    driver.write_file(a, "/home/user/kept.txt", [b"from a\n"])
+    image_id = f"snap{uuid.uuid4().hex[:10]}"
+    info = driver.snapshot(a, image_id)
+    assert info.parent == BUILTIN_IMAGE and info.image_id == image_id
+    assert driver.snapshot(a, image_id).image_id == image_id  # idempotent by image id
+    b = f"c{uuid.uuid4().hex[:12]}"
+    try:
+        driver.create(SandboxSpec(b, image_id))
+        assert b"".join(driver.read_file(b, "/home/user/kept.txt")) == b"from a\n"
+    finally:
+        driver.kill(b)
+        driver.kill(a)
+        driver.delete_image(image_id)
+
+
+def test_an_imported_archive_becomes_an_image(driver: Runtime) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"hello\n"
+        member = tarfile.TarInfo("etc/greeting")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    buf.seek(0)
+    image_id = f"imp{uuid.uuid4().hex[:10]}"
+    info = driver.import_image(image_id, buf)
+    try:
+        assert info.image_id == image_id and info.parent is None and info.size_bytes > 0
+        assert image_id in driver.list_images()
+    finally:
+        assert driver.delete_image(image_id) is True
+    assert driver.delete_image(image_id) is False
+
+
+def test_metrics_describe_a_live_sandbox(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox(cpu_count=1, memory_mb=128)
+    m = driver.metrics(sandbox_id)
+    assert m.cpu_count == 1 and m.mem_total == 128 * 1024 * 1024 and m.pids >= 1
+
+
+# ----------------------------------------------------------------------------- processes
+def test_a_process_gets_output_exit_code_and_stdin(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    result = run_process(
+        driver,
+        sandbox_id,
+        ProcessSpec(("sh", "-c", "tr a-z A-Z; echo err >&2; exit 3"), stdin=True),
+        stdin=b"hello\n",
+    )
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"HELLO\n", b"err\n")
+    assert result.signal is None
+
+
+def test_a_process_runs_as_the_default_user_in_its_home_with_the_sandbox_env(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox(env_vars={"FROM_SANDBOX": "s", "BOTH": "sandbox"})
+    code, out, _ = sh(
+        driver,
+        sandbox_id,
+        'echo "$(id -un) $(pwd) $HOME $FROM_SANDBOX $BOTH $FROM_PROCESS"',
+        env={"BOTH": "process", "FROM_PROCESS": "p"},
+    )
+    assert code == 0
+    assert out.split() == ["user", "/home/user", "/home/user", "s", "process", "p"]
+    code, out, _ = sh(driver, sandbox_id, "id -u; pwd", user="root")
+    assert out.split() == ["0", "/root"]
+
+
+def test_a_process_sees_nothing_of_the_hosts_environment(
+    driver: Runtime, make_sandbox: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("E2BT_HOST_SECRET", "must-not-leak")
+    sandbox_id = make_sandbox()
+    code, out, _ = sh(driver, sandbox_id, "env; cat /proc/1/environ", user="root")
+    assert code == 0 and "must-not-leak" not in out
+
+
+def test_an_unknown_user_is_refused(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    with pytest.raises(GuestFileError) as exc:
+        driver.start_process(sandbox_id, ProcessSpec(("true",), user="nobody-here"))
+    assert exc.value.errno == errno.ENOENT
+
+
+def test_a_lifetime_kills_the_process_and_its_group(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    started = time.monotonic()
+    result = run_process(
+        driver, sandbox_id, ProcessSpec(("sh", "-c", "sleep 41 & sleep 42"), timeout=0.3)
+    )
+    assert result.signal == signal.SIGKILL and time.monotonic() - started < 5
+    _, out, _ = sh(driver, sandbox_id, "ps -e -o args=")
+    assert "sleep 41" not in out and "sleep 42" not in out
+
+
+def test_wait_returns_when_the_process_ends_even_if_a_child_holds_its_output(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    proc = driver.start_process(sandbox_id, ProcessSpec(("sh", "-c", "sleep 30 & exit 4")))
+    try:
+        assert proc.wait(timeout=5).exit_code == 4
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.close()
+
+
+def test_wait_with_a_timeout_raises_while_the_process_runs(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    proc = driver.start_process(sandbox_id, ProcessSpec(("sleep", "30")))
+    try:
+        with pytest.raises(TimeoutError):
+            proc.wait(timeout=0.2)
+        assert proc.pid > 1  # a guest pid: the sandbox's init is 1
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=5)
+        assert status.signal == signal.SIGTERM and status.exit_code == 128 + signal.SIGTERM
+    finally:
+        proc.close()
+
+
+def test_output_is_streamed_as_it_comes_and_bounded_when_collected(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    proc = driver.start_process(
+        sandbox_id, ProcessSpec(("sh", "-c", "echo first; sleep 30"), timeout=30)
+    )
+    try:
+        stream, data = next(iter(proc.output()))  # arrives long before the process ends
+        assert (stream, data) == (Stream.STDOUT, b"first\n")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.close()
+    result = run_process(
+        driver,
+        sandbox_id,
+        ProcessSpec(("head", "-c", str(8 << 20), "/dev/zero"), timeout=30),
+        max_output=1 << 20,
+    )
+    assert result.exit_code == 0 and result.truncated and len(result.stdout) == 1 << 20
+
+
+def test_a_pty_process_has_a_terminal_of_the_asked_size(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    if Capability.PTY not in driver.capabilities:
+        pytest.skip("this driver has no pty support")
+    sandbox_id = make_sandbox()
+    proc = driver.start_process(
+        sandbox_id,
+        ProcessSpec(
+            ("sh", "-c", "stty size; read line; stty size; echo got $line"),
+            pty=PtySize(cols=80, rows=24),
+            stdin=True,
+            timeout=30,
+        ),
+    )
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(d for _, d in proc.output()))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 5
+        while b"24 80" not in b"".join(chunks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.resize(PtySize(cols=100, rows=30))
+        proc.write_stdin(b"typed\n")
+        assert proc.wait(timeout=10).exit_code == 0
+        reader.join(timeout=10)
+    finally:
+        proc.close()
+    text = b"".join(chunks).decode()
+    assert "24 80" in text and "30 100" in text and "got typed" in text
+
+
+# --------------------------------------------------------------------------------- files
+def test_write_creates_parents_owned_by_the_user_and_read_returns_it(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    entry = driver.write_file(sandbox_id, "deep/er/note.txt", [b"one ", b"two"])
+    assert entry.path == "/home/user/deep/er/note.txt" and entry.type is FileType.FILE
+    assert entry.size == 7 and entry.owner == "user" and entry.name == "note.txt"
+    assert driver.stat(sandbox_id, "/home/user/deep").owner == "user"
+    assert b"".join(driver.read_file(sandbox_id, "~/deep/er/note.txt")) == b"one two"
+    _, out, _ = sh(driver, sandbox_id, "stat -c '%U %a' deep deep/er/note.txt")
+    assert out.split() == ["user", "755", "user", "644"]
+
+
+def test_list_dir_honours_depth(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    sh(driver, sandbox_id, "mkdir -p t/a/b && touch t/f t/a/g t/a/b/h && ln -s /etc t/l")
+    one = {e.path: e.type for e in driver.list_dir(sandbox_id, "t")}
+    assert one == {
+        "/home/user/t/a": FileType.DIRECTORY,
+        "/home/user/t/f": FileType.FILE,
+        "/home/user/t/l": FileType.SYMLINK,
+    }
+    two = {e.path for e in driver.list_dir(sandbox_id, "t", depth=2)}
+    assert two == set(one) | {"/home/user/t/a/b", "/home/user/t/a/g"}
+    link = driver.stat(sandbox_id, "t/l")
+    assert link.type is FileType.SYMLINK and link.symlink_target == "/etc"
+
+
+def test_make_dir_move_and_remove(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    assert driver.make_dir(sandbox_id, "x/y") is True
+    assert driver.make_dir(sandbox_id, "x/y") is False
+    moved = driver.move(sandbox_id, "x", "z")
+    assert moved.path == "/home/user/z" and moved.type is FileType.DIRECTORY
+    with pytest.raises(GuestFileError) as exc:
+        driver.stat(sandbox_id, "x")
+    assert exc.value.errno == errno.ENOENT
+    driver.remove(sandbox_id, "z")
+    driver.remove(sandbox_id, "z")  # missing is fine
+    code, _, _ = sh(driver, sandbox_id, "test -e z")
+    assert code == 1
+
+
+def test_file_operations_use_the_users_permissions(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    driver.write_file(sandbox_id, "/root/secret", [b"root only"], user="root")
+    for op in (
+        lambda: b"".join(driver.read_file(sandbox_id, "/root/secret")),
+        lambda: driver.write_file(sandbox_id, "/etc/planted", [b"x"]),
+        lambda: driver.remove(sandbox_id, "/root/secret"),
+    ):
+        with pytest.raises(GuestFileError) as exc:
+            op()
+        assert exc.value.errno == errno.EACCES
+    assert driver.stat(sandbox_id, "/root/secret", user="root").owner == "root"
+
+
+def test_guest_symlinks_resolve_inside_the_guest(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    # Absolute and relative links that would reach host files if resolved on the host.
+    sh(driver, sandbox_id, "ln -s / up; ln -s ../../../../../../.. rel; echo guest > /tmp/m")
+    assert b"".join(driver.read_file(sandbox_id, "up/tmp/m")) == b"guest\n"
+    assert b"".join(driver.read_file(sandbox_id, "rel/tmp/m")) == b"guest\n"
+    with pytest.raises(GuestFileError):  # the guest has no /proc/1/root of ours to follow
+        driver.stat(sandbox_id, "/proc/1/root/etc")
+
+
+def test_reading_a_directory_or_a_missing_file_says_why(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    for path, expected in (("/home", errno.EISDIR), ("/nope/none", errno.ENOENT)):
+        with pytest.raises(GuestFileError) as exc:
+            b"".join(driver.read_file(sandbox_id, path))
+        assert exc.value.errno == expected
