@@ -64,7 +64,7 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
     # (a counter must never go down when a worker is recycled).
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid)
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
 
 def on_exit(server):  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """The wire itself, over raw HTTP: the statuses, headers and body shapes the SDKs rely on
-but hide (E2B_CONTRACT.md, "Routes"). Bodies are also fed to the SDK's own generated
+but hide (docs/ARCHITECTURE.md, "Routes"). Bodies are also fed to the SDK's own generated
 models (``from_dict``), which fail exactly where the SDK would."""
 
 from __future__ import annotations

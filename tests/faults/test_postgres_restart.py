@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from tests.support import live_checks as lc
-from tests.support.live_fixtures import suite_database_url
-from tests.support.live_server import LiveServer
+from tests.support.live_server import LiveServer, suite_database_url
 
 pytestmark = [
     pytest.mark.skipif(

@@ -10,8 +10,7 @@ import os
 import subprocess
 import sys
 
-from tests.support.live_fixtures import suite_database_url
-from tests.support.live_server import REPO
+from tests.support.live_server import REPO, suite_database_url
 
 SECONDS = 20
 
