@@ -176,7 +176,7 @@ T = TypeVar("T")
 def metered(cls: type[T]) -> type[T]:
     """A subclass of the runtime class ``cls`` whose operations record their duration.
 
-    A subclass rather than a proxy object, so that ``isinstance(get_runtime(), LocalRuntime)``
+    A subclass rather than a proxy object, so that ``isinstance(get_runtime(), <the driver>)``
     still holds and the runtime's attributes (``root``, ``cgroups``) need no forwarding."""
     timed = {op: _timed(op, getattr(cls, op)) for op in RUNTIME_OPERATIONS if hasattr(cls, op)}
     return cast(type[T], type(cls.__name__, (cls,), {**timed, "__module__": cls.__module__}))

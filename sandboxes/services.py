@@ -261,11 +261,11 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
         row.state = State.KILLING
         row.state_changed_at = now
         row.save(update_fields=["state", "state_changed_at"])
-    if not kill_in_runtime(row):
+    if not sandbox_finish_kill(sandbox=row):
         raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 
 
-def kill_in_runtime(sandbox: Sandbox) -> bool:
+def sandbox_finish_kill(*, sandbox: Sandbox) -> bool:
     """Kill in the runtime, then record ``killed`` fenced on ``killing``. Returns whether
     this call's record landed (False: another caller's kill recorded it first)."""
     try:

@@ -14,7 +14,7 @@ from e2bfacade.runtime.base import RuntimeConflict, SandboxNotFound, SandboxStat
 from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
-from sandboxes.services import kill_in_runtime
+from sandboxes.services import sandbox_finish_kill
 from sandboxes.transitions import TRANSITIONAL_STATES, transition_finish
 
 State = Sandbox.State
@@ -47,7 +47,7 @@ def sandbox_expire(*, sandbox_id: str) -> str | None:
             pass  # already frozen: the outcome we wanted
         transition_finish(row, State.PAUSING, State.PAUSED)
         return "paused"
-    kill_in_runtime(row)
+    sandbox_finish_kill(sandbox=row)
     return "killed"
 
 
@@ -76,7 +76,7 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
             row.state_changed_at = timezone.now()
             row.save(update_fields=["state_changed_at"])
         if claimed == State.KILLING:
-            kill_in_runtime(row)
+            sandbox_finish_kill(sandbox=row)
         elif claimed == State.CREATING:
             if IdempotencyRecord.objects.filter(
                 resource_id=row.sandbox_id, state=IdempotencyRecord.State.IN_PROGRESS

@@ -12,6 +12,7 @@ import builtins
 import dataclasses
 import enum
 import re
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Protocol
@@ -268,11 +269,20 @@ def run_process(
     if stdin and not spec.stdin:
         spec = dataclasses.replace(spec, stdin=True)
     proc = runtime.start_process(sandbox_id, spec)
+    feeder = None
     try:
         if spec.stdin:
-            if stdin:
-                proc.write_stdin(stdin)
-            proc.close_stdin()
+            # On a thread: a process that writes before it reads must not deadlock us.
+            def feed() -> None:
+                try:
+                    if stdin:
+                        proc.write_stdin(stdin)
+                    proc.close_stdin()
+                except (OSError, SandboxRuntimeError):
+                    pass  # it closed its stdin or ended: what it read is what it gets
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
         kept: dict[Stream, bytearray] = {s: bytearray() for s in Stream}
         truncated = False
         for stream, data in proc.output():
@@ -281,6 +291,8 @@ def run_process(
                 truncated = True
             kept[stream] += data[: max(room, 0)]
         status = proc.wait()
+        if feeder is not None:
+            feeder.join(timeout=5)
     finally:
         proc.close()
     stdout = bytes(kept[Stream.PTY] if spec.pty else kept[Stream.STDOUT])

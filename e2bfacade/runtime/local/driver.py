@@ -41,7 +41,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local import build, layers
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
-from e2bfacade.runtime.local.files import GuestFiles, lookup_user
+from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
 from e2bfacade.runtime.local.processes import LocalProcess, process_env
 from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
@@ -380,13 +380,17 @@ class LocalRuntime:
 
     def _files(self, sandbox_id: str, user: str | None) -> GuestFiles:
         info, state = self._running_state(sandbox_id)
-        return GuestFiles(info.init_pid, user or state.get("default_user") or DEFAULT_USER)
+        return GuestFiles(
+            info.init_pid,
+            int(state["init_start"]),
+            user or state.get("default_user") or DEFAULT_USER,
+        )
 
     def start_process(self, sandbox_id: str, spec: ProcessSpec) -> LocalProcess:
         if not spec.argv or any("\0" in a for a in spec.argv):
             raise CreateRefused("a process needs a command, without NUL bytes")
         info, state = self._running_state(sandbox_id)
-        root_fd = os.open(f"/proc/{info.init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        root_fd = open_guest_root(info.init_pid, int(state["init_start"]))
         try:
             account = lookup_user(root_fd, spec.user or state.get("default_user") or DEFAULT_USER)
         finally:

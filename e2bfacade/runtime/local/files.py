@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError
+from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError, SandboxNotFound
 
 # The guest's account files are read to resolve names; a larger one is refused, not read.
 MAX_ACCOUNT_FILE = 1 << 20
@@ -86,6 +86,10 @@ def as_guest_user(uid: int, gid: int) -> Iterator[None]:
         _libc.syscall(SYS_SETFSGID, 0)
         arr = (ctypes.c_uint * max(len(groups), 1))(*groups)
         _libc.syscall(SYS_SETGROUPS, len(groups), arr)
+
+
+class SandboxGone(SandboxNotFound):
+    """The sandbox's init died between the state check and the operation."""
 
 
 # --------------------------------------------------------------------------- accounts
@@ -153,13 +157,36 @@ def guest_path(path: str, home: str) -> str:
     return "/" + "/".join(parts)
 
 
+def open_guest_root(init_pid: int, init_start: int) -> int:
+    """An ``O_PATH`` descriptor of the sandbox's root directory, as its init sees it.
+
+    Through a descriptor of ``/proc/<pid>`` checked against the init's start time: that
+    directory stands for that one process (once it dies, lookups through it fail), so a
+    pid reused by a host process after the init died can never hand us the host's root.
+    """
+    try:
+        proc = os.open(f"/proc/{init_pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
+    try:
+        with open(os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if int(fields[19]) != init_start:
+            raise SandboxGone(f"the sandbox's init {init_pid} is gone")
+        return os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    except ProcessLookupError:
+        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
+    finally:
+        os.close(proc)
+
+
 # ------------------------------------------------------------------------------ files
 class GuestFiles:
     """File operations in one sandbox as one guest user. Use as a context manager; every
     method must run on the thread that entered it (the fs ids are per thread)."""
 
-    def __init__(self, init_pid: int, user: str) -> None:
-        self._root = os.open(f"/proc/{init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    def __init__(self, init_pid: int, init_start: int, user: str) -> None:
+        self._root = open_guest_root(init_pid, init_start)
         try:
             self.account = lookup_user(self._root, user)
             self._names = id_names(self._root)
@@ -269,6 +296,11 @@ class GuestFiles:
                                 )
                             except OSError:
                                 continue  # unreadable: listed, not descended into
+                            try:
+                                _check_fs(sub, child)
+                            except GuestFileError:
+                                os.close(sub)
+                                continue  # the guest's /proc and /sys: listed, not walked
                             stack.append((sub, child, level + 1))
                 finally:
                     os.close(dir_fd)
@@ -288,11 +320,11 @@ class GuestFiles:
                     os.mkdir(name, 0o755, dir_fd=fd)
                     created = True
                 except FileExistsError:
-                    st = os.stat(name, dir_fd=fd)  # follows a symlink, inside the guest
-                    if not stat.S_ISDIR(st.st_mode):
-                        raise GuestFileError(
-                            errno.ENOTDIR, f"{current}{part}: not a directory"
-                        ) from None
+                    # Follow what is there (a symlink, say) inside the guest, never on the
+                    # host: it must be, or lead to, a directory.
+                    os.close(
+                        self._open(f"{current.rstrip('/')}/{part}", os.O_PATH | os.O_DIRECTORY)
+                    )
                     created = False
                 except OSError as exc:
                     raise GuestFileError(
@@ -386,26 +418,28 @@ def _remove_tree(dir_fd: int, name: str, path: str) -> None:
             raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
     # (directory fd, name of the directory within its parent, parent fd)
     stack: list[tuple[int, str, int]] = []
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        top = os.open(
-            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        top = os.open(name, flags, dir_fd=dir_fd)
         stack.append((top, name, dir_fd))
+        device = os.fstat(top).st_dev
+        _check_fs(top, path)
         while stack:
             fd, dname, pfd = stack[-1]
-            descended = False
-            for entry in os.scandir(fd):
-                if entry.is_dir(follow_symlinks=False):
-                    sub = os.open(
-                        entry.name,
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        dir_fd=fd,
-                    )
-                    stack.append((sub, entry.name, fd))
-                    descended = True
-                    break
-                os.unlink(entry.name, dir_fd=fd)
-            if descended:
+            sub = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if sub is not None:
+                child = os.open(sub, flags, dir_fd=fd)
+                stack.append((child, sub, fd))
+                if os.fstat(child).st_dev != device:
+                    # Another file system mounted inside the tree (the guest's /proc, a
+                    # bind): never empty it from here.
+                    raise GuestFileError(errno.EBUSY, f"{path}: contains a mount point")
                 continue
             stack.pop()
             os.close(fd)
