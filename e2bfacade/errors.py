@@ -27,6 +27,9 @@ class ApiError(Exception):
 
     status = 400
     error_code: str | None = None
+    # True for a refusal that provably allocated nothing and may pass later (the runtime
+    # refused, a limit is reached): idempotency releases the key instead of storing it.
+    releases_key = False
 
     def __init__(
         self,
@@ -65,6 +68,17 @@ class NothingAllocated(ServiceUnavailable):
     """A failure that provably allocated nothing (the runtime refused before creating, and
     whatever it had made was rolled back). Idempotency releases the key on it, so the same
     key may simply try again."""
+
+    releases_key = True
+
+
+class AtCapacity(ApiError):
+    """A limit is reached (the team's concurrent sandboxes, the host's memory): nothing was
+    made, and the same request may succeed once something is freed. 429 as E2B answers a
+    team at its concurrency limit; the key is released, never stored."""
+
+    status = 429
+    releases_key = True
 
 
 def error_body(status: int, message: str, error_code: str | None = None) -> dict[str, Any]:

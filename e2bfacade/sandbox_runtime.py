@@ -26,7 +26,9 @@ def get_runtime() -> Runtime:
         if key not in _runtimes:
             # Always metered: every operation's duration goes to /metrics.
             driver = registry.driver_class(settings.SANDBOX_RUNTIME)
-            runtime: Runtime = observability.metered(driver)(settings.SANDBOX_ROOT)
+            runtime: Runtime = observability.metered(driver)(
+                settings.SANDBOX_ROOT, **settings.SANDBOX_RUNTIME_OPTIONS
+            )
             if failpoints.enabled("runtime."):
                 runtime = FaultyRuntime(runtime)
             _runtimes[key] = runtime

@@ -217,6 +217,41 @@ SANDBOX_ROOT = Path(env.str("SANDBOX_ROOT", default="/var/lib/e2bfacade"))
 if not SANDBOX_ROOT.is_absolute():
     raise ImproperlyConfigured(f"SANDBOX_ROOT must be an absolute path, got {str(SANDBOX_ROOT)!r}")
 SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 3600)
+# The most a snapshot may capture of a sandbox's written files; a larger one is refused
+# with a 400 (the host's disk is shared by every sandbox, the database and the service).
+SANDBOX_SNAPSHOT_MAX_MB = _positive_int("SANDBOX_SNAPSHOT_MAX_MB", 10 * 1024)
+# Admission (sandboxes/admission.py): sandboxes a team may have at once (0: no limit), and
+# how far the memory and disk given to live sandboxes may exceed what the host has.
+try:
+    SANDBOX_MAX_CONCURRENT_PER_TEAM: int = env.int("SANDBOX_MAX_CONCURRENT_PER_TEAM", default=100)
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        "SANDBOX_MAX_CONCURRENT_PER_TEAM must be a whole number, got "
+        f"{env.str('SANDBOX_MAX_CONCURRENT_PER_TEAM')!r}"
+    ) from exc
+if SANDBOX_MAX_CONCURRENT_PER_TEAM < 0:
+    raise ImproperlyConfigured(
+        "SANDBOX_MAX_CONCURRENT_PER_TEAM must be 0 (no limit) or positive, got "
+        f"{SANDBOX_MAX_CONCURRENT_PER_TEAM}"
+    )
+
+
+def _ratio(name: str, default: float) -> float:
+    try:
+        value = float(env.float(name, default=default))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {env.str(name)!r}") from exc
+    if not 0 < value <= 100:
+        raise ImproperlyConfigured(f"{name} must be a ratio between 0 and 100, got {value}")
+    return float(value)
+
+
+SANDBOX_MEMORY_OVERCOMMIT = _ratio("SANDBOX_MEMORY_OVERCOMMIT", 4.0)
+SANDBOX_DISK_OVERCOMMIT = _ratio("SANDBOX_DISK_OVERCOMMIT", 4.0)
+# Keyword options of the driver, from the settings above that belong to it.
+SANDBOX_RUNTIME_OPTIONS: dict[str, object] = (
+    {"snapshot_max_bytes": SANDBOX_SNAPSHOT_MAX_MB << 20} if SANDBOX_RUNTIME == "local" else {}
+)
 
 # The ``domain`` of every sandbox answer (create, connect, resume, fork, GET). Without
 # E2B_SANDBOX_URL the SDKs send a sandbox's data-plane calls — its envdAccessToken, the

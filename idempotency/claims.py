@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from e2bfacade import observability
-from e2bfacade.errors import ApiError, NothingAllocated
+from e2bfacade.errors import ApiError
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from idempotency import crypto
@@ -167,8 +167,13 @@ def key_claim(
                 op.reserve(team, params, body, record.resource_id)
             except ApiError as exc:
                 result = error_result(exc)
-                _store(record, result, now)
                 advisory_unlock(record.pk)
+                if exc.releases_key:
+                    # A limit, not an answer: forget the key (this transaction made the
+                    # record), so the same key may try again once the limit allows.
+                    record.delete()
+                    return Claim("done", None, result)
+                _store(record, result, now)
                 return Claim("done", record, result)
         return Claim("execute", record)
 
@@ -235,10 +240,10 @@ def claim_execute(
         failpoint("after_claim")
         try:
             result = operation_run(op, team, params, body, record.resource_id)
-        except NothingAllocated as exc:
-            _release(record, owner)
-            return error_result(exc)
         except ApiError as exc:
+            if exc.releases_key:
+                _release(record, owner)
+                return error_result(exc)
             if exc.status >= 500:
                 _abandon_lease(record, owner)
                 return error_result(exc)

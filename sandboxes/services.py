@@ -27,6 +27,7 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.sandbox_runtime import get_runtime
+from sandboxes.admission import sandbox_admit
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
@@ -68,8 +69,9 @@ def sandbox_reserve(
     *, team: Team, request: CreateRequest, sandbox_id: str | None = None
 ) -> Sandbox:
     """Insert the sandbox row in state ``creating``: the intent is durable before anything
-    is allocated. Deterministic refusals (unknown template, timeout too long) are raised
-    here, before any row exists. Joins the caller's transaction if there is one."""
+    is allocated. Deterministic refusals (unknown template, timeout too long, a template
+    this host cannot hold) and admission's limits (sandboxes.admission) are raised here,
+    before any row exists. Joins the caller's transaction if there is one."""
     check_timeout(request.timeout)
     # Resolve and lock in one query (the candidates — at most the team's alias and a public
     # one — in pk order, so concurrent creates lock them alike). The lock holds until our
@@ -80,6 +82,7 @@ def sandbox_reserve(
     )
     if template is None:
         raise NotFound(f"template '{request.template_ref}' not found")
+    sandbox_admit(team=team, template=template)
     now = timezone.now()
     return Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),

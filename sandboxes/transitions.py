@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.errors import ApiError, Conflict, NotFound, ServiceUnavailable
+from e2bfacade.errors import ApiError, BadRequest, Conflict, NotFound, ServiceUnavailable
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
     CreateRefused,
+    LimitExceeded,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxNotFound,
@@ -100,6 +101,8 @@ def runtime_error(exc: Exception) -> ApiError:
         return ServiceUnavailable(exc.message, headers={"Should-Retry": "false"})
     if isinstance(exc, RuntimeConflict):
         return Conflict(exc.message)
+    if isinstance(exc, LimitExceeded):
+        return BadRequest(exc.message)
     if isinstance(exc, CreateRefused):
         return ServiceUnavailable(f"the sandbox runtime refused: {exc.message}")
     return ServiceUnavailable(f"sandbox runtime error: {exc}")

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import BUILTIN_IMAGE, ImageInUse, check_id
+from e2bfacade.runtime.base import BUILTIN_IMAGE, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template, new_template_id
 
@@ -24,6 +24,32 @@ class Forbidden(ApiError):
 
 class TemplateExists(Exception):
     pass
+
+
+DEFAULT_PIDS_MAX = 1024  # Template.pids_max's default: an imported template's
+
+
+def template_fits(
+    cap: Capacity,
+    *,
+    name: str,
+    cpu_count: int,
+    memory_mb: int,
+    pids_max: int,
+    disk_size_mb: int,
+) -> None:
+    """Raise BadRequest unless one sandbox of this shape can run on a host of ``cap``."""
+    for what, asked, has in (
+        ("CPUs", cpu_count, cap.cpus),
+        ("MiB of memory", memory_mb, cap.memory_mb),
+        ("processes", pids_max, cap.pids),
+        ("MiB of disk", disk_size_mb, cap.disk_mb),
+    ):
+        if asked > has:
+            raise BadRequest(
+                f"template '{name}' asks for {asked} {what}; this host can give a sandbox "
+                f"at most {has}"
+            )
 
 
 def template_import(
@@ -46,6 +72,14 @@ def template_import(
         raise TemplateExists(f"a template named {alias!r} already exists")
     template_id = new_template_id()
     runtime = get_runtime()
+    template_fits(
+        runtime.capacity(),
+        name=alias,
+        cpu_count=cpu_count,
+        memory_mb=memory_mb,
+        pids_max=DEFAULT_PIDS_MAX,
+        disk_size_mb=disk_size_mb,
+    )
     image = runtime.import_image(template_id, archive)
     try:
         with transaction.atomic():

@@ -63,6 +63,11 @@ class ImageInUse(SandboxRuntimeError):
     pass
 
 
+class LimitExceeded(SandboxRuntimeError):
+    """The request is over a configured limit (a snapshot larger than allowed); nothing was
+    made. Deterministic: the same request fails the same way."""
+
+
 class CreateRefused(SandboxRuntimeError):
     """Creation failed and everything it made was rolled back: provably nothing allocated."""
 
@@ -154,6 +159,19 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """What this runtime's host can give sandboxes in all: admission checks requests
+    against it. ``memory_mb`` and ``pids`` are after the host's own reserve (the driver
+    enforces them as caps on all sandboxes together); ``disk_mb`` is the size of the
+    storage sandboxes' files live on."""
+
+    cpus: int
+    memory_mb: int
+    pids: int
+    disk_mb: int
+
+
+@dataclass(frozen=True)
 class Metrics:
     cpu_count: int
     cpu_used_pct: float
@@ -221,9 +239,10 @@ class GuestProcess(Protocol):
         ...
 
     def output(self, chunk_size: int = 65536) -> Iterator[tuple[Stream, bytes]]:
-        """Chunks of at most ``chunk_size`` bytes as they come, until every writer of the
-        process's output has closed it (a background child may hold it open after the
-        process itself exited)."""
+        """Chunks of at most ``chunk_size`` bytes as they come, until the process has ended
+        and what it wrote is read. A background child that keeps the output open after the
+        process ended does not keep the stream open: the host never waits on a guest's
+        grandchildren."""
         ...
 
     def write_stdin(self, data: bytes) -> None: ...
@@ -265,7 +284,7 @@ def run_process(
     convenience over :meth:`Runtime.start_process` (tests, benches, operator commands). At
     most ``max_output`` bytes of each stream are kept; the rest is read and dropped, so a
     guest that writes without end cannot grow the host. Returns when the process has ended
-    and its output has closed (its lifetime, ``spec.timeout``, bounds both)."""
+    (its lifetime, ``spec.timeout``, bounds that) and its written output is read."""
     if stdin and not spec.stdin:
         spec = dataclasses.replace(spec, stdin=True)
     proc = runtime.start_process(sandbox_id, spec)
@@ -365,6 +384,7 @@ class Runtime(Protocol):
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
     def kill(self, sandbox_id: str) -> bool: ...
     def metrics(self, sandbox_id: str) -> Metrics: ...
+    def capacity(self) -> Capacity: ...
     def sweep(self) -> builtins.list[str]:
         """Release what no live sandbox owns (whatever that means for the driver: dead
         sandboxes, half-made ones, leftover groups); returns the ids released. Safe beside

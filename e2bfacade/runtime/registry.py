@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from e2bfacade.runtime.base import Runtime
 
@@ -31,7 +31,8 @@ def driver_class(name: str) -> type[Runtime]:
     return cast(type[Runtime], getattr(importlib.import_module(module_name), class_name))
 
 
-def open_driver(name: str, root: Path) -> Runtime:
-    """A new instance of the driver ``name`` keeping its state under ``root``. Raises
-    KeyError for an unknown name, RuntimeUnavailable when this host cannot run it."""
-    return driver_class(name)(root)  # type: ignore[call-arg]
+def open_driver(name: str, root: Path, **options: Any) -> Runtime:
+    """A new instance of the driver ``name`` keeping its state under ``root``, with its
+    own keyword ``options``. Raises KeyError for an unknown name, RuntimeUnavailable when
+    this host cannot run it."""
+    return driver_class(name)(root, **options)  # type: ignore[call-arg]

@@ -10,6 +10,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,10 +35,10 @@ int main(int argc, char **argv) {
 """
 
 
-def make_runtime(prefix: str = "e2bt-") -> LocalRuntime:
+def make_runtime(prefix: str = "e2bt-", **options: Any) -> LocalRuntime:
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        return LocalRuntime(root)
+        return LocalRuntime(root, **options)
     except RuntimeUnavailable as exc:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"the local runtime cannot run here: {exc.message}")

@@ -57,6 +57,11 @@ class Cgroups:
         self.parent_name = parent_name
 
     # Interface shared by both versions -------------------------------------------------
+    def set_total(self, *, memory_bytes: int, pids_max: int) -> None:
+        """Cap every sandbox of this runtime together (the parent group), so that no mix of
+        guests can take the memory or pids the host itself needs."""
+        raise NotImplementedError
+
     def create(self, sandbox_id: str, *, cpu_count: int, memory_mb: int, pids_max: int) -> None:
         raise NotImplementedError
 
@@ -151,6 +156,10 @@ class CgroupsV1(Cgroups):
 
     def _dirs(self, sandbox_id: str) -> dict[str, Path]:
         return {c: root / sandbox_id for c, root in self.roots.items()}
+
+    def set_total(self, *, memory_bytes: int, pids_max: int) -> None:
+        _write(self.roots["memory"] / "memory.limit_in_bytes", str(memory_bytes))
+        _write(self.roots["pids"] / "pids.max", str(pids_max))
 
     def create(self, sandbox_id: str, *, cpu_count: int, memory_mb: int, pids_max: int) -> None:
         dirs = self._dirs(sandbox_id)
@@ -248,6 +257,10 @@ class CgroupsV2(Cgroups):
 
     def _dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id
+
+    def set_total(self, *, memory_bytes: int, pids_max: int) -> None:
+        _write(self.root / "memory.max", str(memory_bytes))
+        _write(self.root / "pids.max", str(pids_max))
 
     def create(self, sandbox_id: str, *, cpu_count: int, memory_mb: int, pids_max: int) -> None:
         d = self._dir(sandbox_id)

@@ -10,6 +10,7 @@ user namespace: guest root is host root with those capabilities removed.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import os
 import re
@@ -24,10 +25,12 @@ from typing import IO, Any
 from e2bfacade.runtime.base import (
     DEFAULT_USER,
     Capability,
+    Capacity,
     CreateRefused,
     EntryInfo,
     ImageInfo,
     ImageInUse,
+    LimitExceeded,
     Metrics,
     ProcessSpec,
     Runtime,
@@ -39,13 +42,14 @@ from e2bfacade.runtime.base import (
     SandboxState,
     check_id,
 )
-from e2bfacade.runtime.local import build, layers
+from e2bfacade.runtime.local import build, trees
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
 from e2bfacade.runtime.local.processes import LocalProcess, process_env
 from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
 
+DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -59,7 +63,14 @@ class LocalRuntime:
     name = "local"
     capabilities = frozenset({Capability.PROCESSES, Capability.PTY, Capability.FILES})
 
-    def __init__(self, root: Path, cgroup_version: str = "auto") -> None:
+    def __init__(
+        self,
+        root: Path,
+        cgroup_version: str = "auto",
+        *,
+        snapshot_max_bytes: int = DEFAULT_SNAPSHOT_MAX_BYTES,
+        host_reserve_mb: int | None = None,
+    ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
                 "the local sandbox runtime needs root (it creates namespaces, overlay mounts "
@@ -71,11 +82,16 @@ class LocalRuntime:
         if "overlay" not in Path("/proc/filesystems").read_text():
             raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
         self.root = root
+        self.snapshot_max_bytes = snapshot_max_bytes
         self.layout = Layout(root)
         self.images = ImageStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
         self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
+        self._capacity = _host_capacity(root, host_reserve_mb)
+        self.cgroups.set_total(
+            memory_bytes=self._capacity.memory_mb << 20, pids_max=self._capacity.pids
+        )
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:
@@ -137,10 +153,11 @@ class LocalRuntime:
         so the caller knows that nothing was allocated.
         """
         check_id(spec.sandbox_id, "sandbox id")
+        cap = self._capacity
         for name, value, low, high in (
-            ("cpu_count", spec.cpu_count, 1, 64),
-            ("memory_mb", spec.memory_mb, 16, 1 << 20),
-            ("pids_max", spec.pids_max, 8, 1 << 22),
+            ("cpu_count", spec.cpu_count, 1, cap.cpus),
+            ("memory_mb", spec.memory_mb, 16, cap.memory_mb),
+            ("pids_max", spec.pids_max, 8, cap.pids),
         ):
             if not low <= value <= high:
                 raise CreateRefused(f"{name} must be between {low} and {high}, got {value}")
@@ -256,7 +273,10 @@ class LocalRuntime:
             # that looks like a live one.
             tomb = d.with_name(f".{sandbox_id}.{os.getpid()}.deleting")
             os.rename(d, tomb)
-            shutil.rmtree(tomb, ignore_errors=True)
+            try:
+                trees.remove_tree(tomb)
+            except OSError:
+                pass  # the tomb is no sandbox: sweep() retries it
         return existed
 
     def status(self, sandbox_id: str) -> LocalSandboxInfo:
@@ -293,7 +313,8 @@ class LocalRuntime:
 
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo:
         """Capture the sandbox's files as image ``image_id`` (idempotent by that id). The
-        sandbox is frozen while its layer is archived, so the snapshot is consistent."""
+        sandbox is frozen while its layer is copied, so the snapshot is consistent; sparse
+        files stay sparse, and a layer over ``snapshot_max_bytes`` is refused."""
         check_id(image_id, "image id")
         with self.layout.locked("sandbox", sandbox_id):
             info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
@@ -306,11 +327,17 @@ class LocalRuntime:
                 if froze:
                     self.cgroups.freeze(sandbox_id)
                 try:
-                    layers.archive_layer(upper, tmp / "layer.tar")
+                    (tmp / "rootfs").rmdir()
+                    trees.copy_layer(upper, tmp / "rootfs", max_bytes=self.snapshot_max_bytes)
+                except trees.TreeTooLarge:
+                    mib = self.snapshot_max_bytes >> 20
+                    raise LimitExceeded(
+                        f"sandbox {sandbox_id} holds more than the snapshot limit of {mib} MiB "
+                        "of written files; delete some and try again"
+                    ) from None
                 finally:
                     if froze:
                         self.cgroups.thaw(sandbox_id)
-                layers.extract_layer(tmp / "layer.tar", tmp / "rootfs")
                 return {"parent": info.image_id, "host_binds": []}
 
             return self.images.publish(image_id, make)
@@ -343,10 +370,23 @@ class LocalRuntime:
             mem_used=mem_used,
             mem_total=limit,
             mem_cache=cache,
-            disk_used=layers.tree_size(d / "upper"),
+            disk_used=self._disk_used(d / "upper"),
             disk_total=usage.total,
             pids=len(self.cgroups.pids(sandbox_id)),
         )
+
+    def capacity(self) -> Capacity:
+        return self._capacity
+
+    @staticmethod
+    def _disk_used(upper: Path) -> int:
+        """What the writable layer holds, walked without freezing the guest: a guest that
+        moves directories meanwhile, or a tree too large to walk in a second, gets what was
+        counted until then (a lower bound)."""
+        usage = trees.Usage()
+        with contextlib.suppress(trees.TreeChanged, TimeoutError):
+            trees.tree_usage(upper, deadline=time.monotonic() + 1.0, into=usage)
+        return usage.bytes
 
     def sweep(self) -> builtins.list[str]:
         """Remove what no live sandbox owns: groups without a sandbox, sandboxes whose init
@@ -364,7 +404,8 @@ class LocalRuntime:
                     reaped.append(sid)
         for p in (self.root / "sandboxes").iterdir():
             if p.name.endswith(".deleting"):
-                shutil.rmtree(p, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    trees.remove_tree(p)
         return reaped
 
     # ------------------------------------------------------------------------- data plane
@@ -458,6 +499,24 @@ def _chunks(fd: int, chunk_size: int) -> Iterator[bytes]:
     with open(fd, "rb", buffering=0, closefd=True) as f:
         while chunk := f.read(chunk_size):
             yield chunk
+
+
+def _host_capacity(root: Path, reserve_mb: int | None) -> Capacity:
+    """This host's CPUs, and the memory and pids left for sandboxes after the host's own
+    reserve (default: a fifth of memory, at least 1 GiB; half the kernel's thread limit)."""
+    meminfo = Path("/proc/meminfo").read_text().split("\n")
+    total_mb = next(int(line.split()[1]) >> 10 for line in meminfo if line.startswith("MemTotal:"))
+    if reserve_mb is None:
+        reserve_mb = max(1024, total_mb // 5)
+    threads = int(Path("/proc/sys/kernel/threads-max").read_text())
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    disk = shutil.disk_usage(root)
+    return Capacity(
+        cpus=os.cpu_count() or 1,
+        memory_mb=max(total_mb - reserve_mb, 64),
+        pids=max(min(threads, pid_max) // 2, 64),
+        disk_mb=disk.total >> 20,
+    )
 
 
 def _conforms(runtime: LocalRuntime) -> Runtime:

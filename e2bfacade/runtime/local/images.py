@@ -10,6 +10,7 @@ read-only, over a fresh ``/etc`` skeleton and an empty ``/home/user`` — never 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from e2bfacade.runtime.base import BUILTIN_IMAGE, CreateRefused, ImageInfo, ImageNotFound
-from e2bfacade.runtime.local import layers
+from e2bfacade.runtime.local import layers, trees
 from e2bfacade.runtime.local.state import Layout
 
 BASE_IMAGE = BUILTIN_IMAGE
@@ -130,17 +131,17 @@ class ImageStore:
             if (final / "image.json").exists():
                 return self.info(image_id)
             tmp = final.with_name(f".{image_id}.building")
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_quietly(tmp)
             (tmp / "rootfs").mkdir(parents=True)
             try:
                 meta = build(tmp)
-                meta["size"] = layers.tree_size(tmp / "rootfs")
+                meta["size"] = trees.tree_size(tmp / "rootfs")
                 meta["created"] = time.time()
                 (tmp / "image.json").write_text(json.dumps(meta))
-                shutil.rmtree(final, ignore_errors=True)
+                _remove_quietly(final)
                 os.rename(tmp, final)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _remove_quietly(tmp)
                 raise
         return self.info(image_id)
 
@@ -149,7 +150,7 @@ class ImageStore:
         final = self.layout.image_dir(image_id)
         tomb = final.with_name(f".{image_id}.deleting")
         os.rename(final, tomb)
-        shutil.rmtree(tomb)
+        trees.remove_tree(tomb)
 
     def ensure_base(self) -> ImageInfo:
         if self.exists(BASE_IMAGE):
@@ -183,6 +184,11 @@ class ImageStore:
             raise CreateRefused(f"cannot import the archive: {exc}") from exc
         finally:
             spool.unlink(missing_ok=True)
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        trees.remove_tree(path)
 
 
 def _build_base(tmp: Path) -> dict[str, Any]:

@@ -1,10 +1,8 @@
-"""Archives of an overlay's writable layer, and rootfs import.
-
-A snapshot is the tar of a sandbox's upper directory, kept exactly as overlayfs wrote it:
-deletions are whiteouts (character devices 0/0) and replaced directories carry the
-``trusted.overlay.opaque`` xattr. Extracted, the archive is a valid overlay lower layer, so
-a sandbox restored from it sees the same files, deletions included. Python's tarfile keeps
-device nodes but not xattrs, so the opaque marker travels as a GNU-tar-style PAX record.
+"""Root file system tarballs into image layers, with hardened extraction (no absolute
+paths, nothing outside the destination, no link that leaves it, no device node but an
+overlay whiteout). An archive may carry an overlay layer exactly: whiteouts (character
+devices 0/0) and, as a GNU-tar-style PAX record, the ``trusted.overlay.opaque`` xattr of a
+replaced directory. (Snapshots do not go through an archive: see ``trees.copy_layer``.)
 """
 
 from __future__ import annotations
@@ -15,26 +13,6 @@ from pathlib import Path
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
 PAX_OPAQUE = "SCHILY.xattr." + OPAQUE_XATTR
-
-
-def archive_layer(upper: Path, dest: Path) -> None:
-    """Write ``upper`` to the tar ``dest`` (via a temp file: a crash leaves no partial archive)."""
-    tmp = dest.with_name(dest.name + ".part")
-
-    def keep_opaque(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        if info.isdir():
-            try:
-                value = os.getxattr(upper / info.name, OPAQUE_XATTR)
-            except OSError:
-                value = b""
-            if value == b"y":
-                info.pax_headers = {**info.pax_headers, PAX_OPAQUE: "y"}
-        return info
-
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in sorted(os.listdir(upper)):
-            tar.add(upper / entry, arcname=entry, filter=keep_opaque)
-    os.replace(tmp, dest)
 
 
 def _rootfs_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
@@ -59,7 +37,7 @@ def _rootfs_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
 
 
 def extract_layer(archive: Path, dest: Path) -> None:
-    """Extract an archive made by :func:`archive_layer` (or a rootfs tarball) into ``dest``."""
+    """Extract a rootfs tarball (or an overlay layer archive) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
@@ -67,14 +45,3 @@ def extract_layer(archive: Path, dest: Path) -> None:
         for m in members:
             if m.pax_headers.get(PAX_OPAQUE) == "y":
                 os.setxattr(dest / m.name, OPAQUE_XATTR, b"y")
-
-
-def tree_size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total

@@ -84,23 +84,43 @@ class LocalProcess:
             streams[self._proc.stderr.fileno()] = Stream.STDERR
         for fd in streams:
             sel.register(fd, selectors.EVENT_READ)
+        # The helper exits when the command does: its pidfd turns readable then.
         try:
-            while streams:
+            exited_fd: int | None = os.pidfd_open(self._proc.pid)
+        except ProcessLookupError:
+            exited_fd = None
+        if exited_fd is not None:
+            sel.register(exited_fd, selectors.EVENT_READ)
+        exited = exited_fd is None or self._status is not None
+        try:
+            while streams and not exited:
                 for key, _ in sel.select():
                     fd = int(key.fd)
-                    try:
-                        data = os.read(fd, chunk_size)
-                    except OSError as exc:  # EIO: a pty whose last writer closed
-                        if exc.errno != errno.EIO:
-                            raise
-                        data = b""
+                    if fd == exited_fd:
+                        exited = True
+                        continue
+                    data = _read(fd, chunk_size)
                     if data:
                         yield streams[fd], data
                     else:
                         sel.unregister(fd)
                         del streams[fd]
+            # Ended: what it wrote is in the pipes; take that, not what a background child
+            # that still holds them may write later (it could hold them forever).
+            for fd, stream in streams.items():
+                os.set_blocking(fd, False)
+                while True:
+                    try:
+                        data = _read(fd, chunk_size)
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        break
+                    yield stream, data
         finally:
             sel.close()
+            if exited_fd is not None:
+                os.close(exited_fd)
 
     def write_stdin(self, data: bytes) -> None:
         if self._master is not None:
@@ -162,6 +182,15 @@ class LocalProcess:
             self._master = None
         if self._proc.poll() is None and self._status is not None:
             self._proc.wait()
+
+
+def _read(fd: int, size: int) -> bytes:
+    try:
+        return os.read(fd, size)
+    except OSError as exc:  # EIO: a pty whose last writer closed
+        if exc.errno != errno.EIO:
+            raise
+        return b""
 
 
 def _options(spec: ProcessSpec, report_fd: int) -> str:

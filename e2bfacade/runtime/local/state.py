@@ -6,7 +6,6 @@ Layout::
 
     images/<id>/rootfs        a read-only lower layer (template or snapshot)
     images/<id>/image.json    {"parent": <id>|null, "host_binds": [...], "size": n}
-    images/<id>/layer.tar     a snapshot's archive (snapshots only)
     sandboxes/<id>/upper      the sandbox's writable layer
     sandboxes/<id>/state.json written last: its presence means "created"
     locks/<kind>-<nn>.lock    per-id serialisation across threads and processes

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from e2bfacade.errors import ApiError
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
 from templates.services import TemplateExists, template_import
@@ -43,4 +44,6 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {options['rootfs']!r}: {exc.strerror}") from exc
         except (TemplateExists, SandboxRuntimeError) as exc:
             raise CommandError(str(exc)) from exc
+        except ApiError as exc:  # the host cannot hold a sandbox of this shape
+            raise CommandError(exc.message) from exc
         self.stdout.write(f"imported {template.alias} as template {template.template_id}")

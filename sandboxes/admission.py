@@ -1,0 +1,91 @@
+"""Admission: a sandbox is created only if its host can hold it and its team may have it.
+
+Checked in the create's reserve transaction, before the sandbox row exists:
+
+- **Per sandbox**, against what the driver says its host has (``Runtime.capacity``): no
+  more CPUs than the host has, no more memory or pids than all sandboxes together may
+  use. Deterministic: a 400, stored and replayed under an Idempotency-Key.
+- **Per team**: at most ``SANDBOX_MAX_CONCURRENT_PER_TEAM`` sandboxes that are not killed.
+  The team's row is locked for the count, so concurrent creates across every worker
+  admit exactly up to the limit. 429, as E2B answers; the key is released.
+- **Per host**: the memory and disk the live sandboxes were given, plus this one, within
+  the host's capacity times ``SANDBOX_MEMORY_OVERCOMMIT`` / ``SANDBOX_DISK_OVERCOMMIT``
+  (limits are caps, rarely all used at once). 503 with Retry-After; the key is released.
+  Concurrent creates of different teams may overshoot this soft bound by their number;
+  the hard bound is the driver's cap on all sandboxes together (a memory cgroup over
+  them all), which no mix of guests can pass.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+
+from e2bfacade.errors import AtCapacity, NothingAllocated
+from e2bfacade.models import Team
+from e2bfacade.runtime.base import Capacity, SandboxRuntimeError
+from e2bfacade.sandbox_runtime import get_runtime
+from sandboxes.models import Sandbox
+from templates.models import Template
+from templates.services import template_fits
+
+
+def host_capacity() -> Capacity:
+    try:
+        return get_runtime().capacity()
+    except SandboxRuntimeError as exc:
+        raise NothingAllocated(exc.message, headers={"Should-Retry": "false"}) from exc
+
+
+def sandbox_admit(*, team: Team, template: Template) -> None:
+    """Admit one more sandbox of ``template`` for ``team``, or raise. Caller holds a
+    transaction, which the team's row lock lasts for."""
+    cap = host_capacity()
+    template_fits(
+        cap,
+        name=str(template),
+        cpu_count=template.cpu_count,
+        memory_mb=template.memory_mb,
+        pids_max=template.pids_max,
+        disk_size_mb=template.disk_size_mb,
+    )
+    # Serialises the creates of one team, so the count below is exact.
+    Team.objects.select_for_update().filter(pk=team.pk).first()
+    used = Sandbox.objects.exclude(state=Sandbox.State.KILLED).aggregate(
+        team_live=Count("pk", filter=Q(team_id=team.pk)),
+        memory=Sum("memory_mb"),
+        disk=Sum("disk_size_mb"),
+    )
+    limit = settings.SANDBOX_MAX_CONCURRENT_PER_TEAM
+    if limit and used["team_live"] >= limit:
+        raise AtCapacity(
+            f"You have reached the maximum number of concurrent sandboxes ({limit}) for this "
+            "team. Kill a sandbox, or ask the operator to raise "
+            "SANDBOX_MAX_CONCURRENT_PER_TEAM.",
+            headers={"Retry-After": "5"},
+        )
+    for what, in_use, asked, total, ratio in (
+        (
+            "memory",
+            used["memory"] or 0,
+            template.memory_mb,
+            cap.memory_mb,
+            settings.SANDBOX_MEMORY_OVERCOMMIT,
+        ),
+        (
+            "disk",
+            used["disk"] or 0,
+            template.disk_size_mb,
+            cap.disk_mb,
+            settings.SANDBOX_DISK_OVERCOMMIT,
+        ),
+    ):
+        allowed = int(total * ratio)
+        if in_use + asked > allowed:
+            raise AtCapacity(
+                f"this host is at capacity: the live sandboxes hold {in_use} MiB of {what} "
+                f"and this one needs {asked} MiB more, over the {allowed} MiB it admits; "
+                "try again when sandboxes have ended",
+                status=503,
+                headers={"Retry-After": "5"},
+            )

@@ -1,0 +1,152 @@
+"""The host's work on what a guest made is bounded: deep trees, special files, sparse
+files, endless output and grandchildren holding pipes cannot crash, stall or grow the
+processes that serve sandboxes, nor leave anything behind."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+import uuid
+
+import pytest
+
+from e2bfacade.runtime.base import (
+    LimitExceeded,
+    ProcessSpec,
+    SandboxNotFound,
+    SandboxSpec,
+    run_process,
+)
+from e2bfacade.runtime.local import LocalRuntime
+from tests.runtime.conftest import destroy_runtime, make_runtime
+from tests.runtime.helpers import ok, run
+
+# Deeper than the host's descriptor limit and far beyond Python's recursion limit: a walk
+# that recursed, or held a descriptor per level, fails on it.
+DEPTH = 25_000
+
+
+def make_deep_tree(runtime: LocalRuntime, sandbox_id: str, user: str = "user") -> None:
+    script = (
+        "import os, socket\n"
+        "os.chdir('/home/user')\n"
+        f"for i in range({DEPTH}):\n"
+        "    os.mkdir('d'); os.chdir('d')\n"
+        "open('leaf', 'w').write('x')\n"
+        "os.mkfifo('fifo')\n"
+        "socket.socket(socket.AF_UNIX).bind('sock')\n"
+        "os.link('leaf', 'hardlink')\n"
+        "os.symlink('/etc/shadow', 'link')\n"
+    )
+    result = run(runtime, sandbox_id, ["python3", "-c", script], user=user, timeout=120)
+    assert result.exit_code == 0, result
+
+
+def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_completely(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    assert DEPTH > resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
+    make_deep_tree(runtime, sandbox_id)
+    assert runtime.metrics(sandbox_id).disk_used > 0
+    snap = f"deep-{uuid.uuid4().hex[:8]}"
+    runtime.snapshot(sandbox_id, snap)
+    restored = f"r{uuid.uuid4().hex[:12]}"
+    try:
+        runtime.create(SandboxSpec(restored, snap))
+        # Relative to a cd in steps: the full path is longer than PATH_MAX.
+        probe = (
+            "import os\nos.chdir('/home/user')\n"
+            f"for i in range({DEPTH}):\n    os.chdir('d')\n"
+            "import stat\n"
+            "print(open('leaf').read(), stat.S_ISFIFO(os.lstat('fifo').st_mode),"
+            " stat.S_ISSOCK(os.lstat('sock').st_mode), os.readlink('link'),"
+            " os.stat('leaf').st_ino == os.stat('hardlink').st_ino)\n"
+        )
+        result = run(runtime, restored, ["python3", "-c", probe])
+        assert result.stdout.split() == [b"x", b"True", b"True", b"/etc/shadow", b"True"], result
+    finally:
+        runtime.kill(restored)
+    started = time.monotonic()
+    assert runtime.kill(sandbox_id) is True
+    assert time.monotonic() - started < 60
+    assert not (runtime.root / "sandboxes" / sandbox_id).exists()
+    assert not [p for p in (runtime.root / "sandboxes").iterdir() if sandbox_id in p.name]
+    runtime.delete_image(snap)
+    assert not [p for p in (runtime.root / "images").iterdir() if snap in p.name]
+
+
+def test_a_sparse_file_stays_sparse_in_a_snapshot(runtime: LocalRuntime, sandbox_id: str) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    ok(runtime, sandbox_id, "truncate -s 1G /home/user/sparse && echo end >> /home/user/sparse")
+    snap = f"sparse-{uuid.uuid4().hex[:8]}"
+    info = runtime.snapshot(sandbox_id, snap)
+    try:
+        assert info.size_bytes < 1 << 20, info  # what it uses on disk, not its length
+        copy = runtime.root / "images" / snap / "rootfs" / "home/user/sparse"
+        st = os.stat(copy)
+        assert st.st_size == (1 << 30) + 4 and st.st_blocks * 512 < 1 << 20
+    finally:
+        runtime.delete_image(snap)
+
+
+def test_a_snapshot_over_the_limit_is_refused_and_leaves_nothing() -> None:
+    small = make_runtime(snapshot_max_bytes=1 << 20)
+    small.ensure_base_image()
+    sandbox_id = f"t{uuid.uuid4().hex[:12]}"
+    try:
+        small.create(SandboxSpec(sandbox_id, "base"))
+        ok(small, sandbox_id, "head -c 3000000 /dev/urandom > /home/user/big")
+        before = sorted(os.listdir(small.root / "images"))
+        with pytest.raises(LimitExceeded, match="snapshot limit of 1 MiB"):
+            small.snapshot(sandbox_id, "toolarge")
+        assert sorted(os.listdir(small.root / "images")) == before
+        assert small.status(sandbox_id).state.value == "running"  # thawed again
+    finally:
+        destroy_runtime(small)
+
+
+def test_endless_output_is_capped_and_the_host_does_not_grow(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run_process(
+        runtime,
+        sandbox_id,
+        ProcessSpec(("head", "-c", str(1 << 30), "/dev/zero"), timeout=60),
+        max_output=1 << 20,
+    )
+    assert result.exit_code == 0 and result.truncated and len(result.stdout) == 1 << 20
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    assert grown_kib < 64 * 1024, f"the host process grew by {grown_kib} KiB"
+
+
+def test_a_grandchild_holding_the_output_does_not_hold_the_host(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    started = time.monotonic()
+    # setsid: out of the command's process group, so its lifetime kill does not reach it.
+    result = run_process(
+        runtime,
+        sandbox_id,
+        ProcessSpec(("sh", "-c", "setsid sleep 300 & echo started; sleep 300"), timeout=1),
+    )
+    assert result.stdout == b"started\n" and result.signal == 9
+    assert time.monotonic() - started < 10
+
+
+def test_operations_on_a_killed_sandbox_say_it_is_gone(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    runtime.kill(sandbox_id)
+    for op in (
+        lambda: runtime.start_process(sandbox_id, ProcessSpec(("true",))),
+        lambda: runtime.stat(sandbox_id, "/"),
+        lambda: runtime.metrics(sandbox_id),
+    ):
+        with pytest.raises(SandboxNotFound):
+            op()
