@@ -10,8 +10,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`.
-packages=(gcc libc6-dev)
+# gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`;
+# libseccomp-dev: it links libseccomp (static) to build the guests' seccomp filter from the
+# Docker-derived default profile in golang-github-containers-common
+# (/usr/share/containers/seccomp.json).
+packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -207,7 +207,9 @@ def test_a_process_sees_nothing_of_the_hosts_environment(
 ) -> None:
     monkeypatch.setenv("E2BT_HOST_SECRET", "must-not-leak")
     sandbox_id = make_sandbox()
-    code, out, _ = sh(driver, sandbox_id, "env; cat /proc/1/environ", user="root")
+    # The init's environment may be unreadable altogether (the local driver's init is not
+    # dumpable); where it is readable, it holds nothing of the host's.
+    code, out, _ = sh(driver, sandbox_id, "env; cat /proc/1/environ; true", user="root")
     assert code == 0 and "must-not-leak" not in out
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from e2bfacade.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.local import seccomp
 
 SOURCE = Path(__file__).with_name("sandboxd.c")
 
@@ -57,19 +58,53 @@ def ensure_binary(root: Path) -> Path:
         try:
             # Static, so the helper never depends on the host's libc after an upgrade.
             proc = subprocess.run(
-                [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE)],
+                [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE), "-lseccomp"],
                 capture_output=True,
                 text=True,
             )
             if proc.returncode != 0:
                 raise RuntimeUnavailable(
-                    f"cannot compile sandboxd (is libc6-dev installed?): {proc.stderr}"
+                    "cannot compile sandboxd (are libc6-dev and libseccomp-dev installed? "
+                    f"scripts/setup.sh installs them): {proc.stderr}"
                 )
             os.chmod(tmp, 0o755)
             os.replace(tmp, binary)
         finally:
             tmp.unlink(missing_ok=True)
     return binary
+
+
+def ensure_seccomp(root: Path) -> Path:
+    """The guests' seccomp filter (see seccomp.py), compiled once per policy and helper."""
+    try:
+        policy = "\n".join(seccomp.policy_lines()) + "\n"
+    except seccomp.ProfileMissing as exc:
+        raise RuntimeUnavailable(str(exc)) from None
+    digest = hashlib.sha256((source_hash() + policy).encode()).hexdigest()[:12]
+    out = root / "bin" / f"seccomp-{digest}.bpf"
+    if out.exists():
+        return out
+    binary = ensure_binary(root)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    policy_file = tmp.with_name(tmp.name + ".policy")
+    try:
+        policy_file.write_text(policy)
+        proc = subprocess.run(
+            [str(binary), "seccomp-compile", str(policy_file), str(tmp)],
+            capture_output=True,
+            text=True,
+            env=CLEAN_ENV,
+        )
+        if proc.returncode != 0:
+            raise RuntimeUnavailable(f"cannot compile the seccomp filter: {proc.stderr}")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)  # the same bytes whoever wins a race
+    finally:
+        tmp.unlink(missing_ok=True)
+        policy_file.unlink(missing_ok=True)
+    return out
 
 
 def socket_path(root: Path) -> Path:

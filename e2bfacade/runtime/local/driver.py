@@ -213,6 +213,7 @@ class LocalRuntime:
             f"upper={d / 'upper'}",
             f"work={d / 'work'}",
             f"hostname={spec.hostname or spec.sandbox_id}",
+            f"seccomp={build.ensure_seccomp(self.root)}",
             *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
             *(f"leave={p}" for p in self.cgroups.root_procs_files()),
             *(f"bind={b}:{b}" for b in binds),
@@ -450,7 +451,7 @@ class LocalRuntime:
             "--",
             *spec.argv,
         ]
-        return LocalProcess(argv, spec, env)
+        return LocalProcess(argv, spec, env, str(build.ensure_seccomp(self.root)))
 
     def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo:
         with self._files(sandbox_id, user) as files:

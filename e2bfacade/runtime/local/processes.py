@@ -29,7 +29,9 @@ GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 class LocalProcess:
     """A process started by ``sandboxd exec``; see :class:`e2bfacade.runtime.base.GuestProcess`."""
 
-    def __init__(self, argv: list[str], spec: ProcessSpec, env: dict[str, str]) -> None:
+    def __init__(
+        self, argv: list[str], spec: ProcessSpec, env: dict[str, str], seccomp_filter: str
+    ) -> None:
         self._spec = spec
         report_r, report_w = os.pipe()
         self._master: int | None = None
@@ -37,7 +39,7 @@ class LocalProcess:
         if spec.pty is not None:
             self._master, slave = os.openpty()
             _set_size(self._master, spec.pty)
-        argv = [*argv[:7], _options(spec, report_w), *argv[7:]]
+        argv = [*argv[:7], _options(spec, report_w, seccomp_filter), *argv[7:]]
         try:
             self._proc = subprocess.Popen(
                 argv,
@@ -193,8 +195,8 @@ def _read(fd: int, size: int) -> bytes:
         return b""
 
 
-def _options(spec: ProcessSpec, report_fd: int) -> str:
-    opts = [f"report={report_fd}"]
+def _options(spec: ProcessSpec, report_fd: int, seccomp_filter: str) -> str:
+    opts = [f"report={report_fd}", f"seccomp={seccomp_filter}"]
     if spec.pty is not None:
         opts.append("pty")
     if spec.timeout is not None:

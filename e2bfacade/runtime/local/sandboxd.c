@@ -22,6 +22,7 @@
  *         pty          stdin is a terminal: the command gets a new session with it as its
  *                      controlling terminal (else it gets a new process group)
  *         lifetime=MS  SIGKILL the command's process group after MS milliseconds
+ *         seccomp=PATH the guests' seccomp filter (required)
  *         report=FD    write "pid HOSTPID GUESTPID\n" to FD once the command runs, and
  *                      "status WAITSTATUS\n" when it ends
  *       A signal sent to this helper (TERM, INT, HUP, QUIT, USR1, USR2) is forwarded to
@@ -56,6 +57,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
+#include <linux/keyctl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <seccomp.h>
 
 #define MAX_ITEMS 64
 #define REQ_MAX 65536
@@ -123,7 +128,7 @@ static void __attribute__((noreturn)) init_loop(void) {
 }
 
 struct create_req {
-    const char *rootfs, *lower, *upper, *work, *hostname;
+    const char *rootfs, *lower, *upper, *work, *hostname, *seccomp;
     const char *cgroups[MAX_ITEMS];
     int ncgroups;
     const char *binds[MAX_ITEMS];
@@ -201,9 +206,139 @@ static void loopback_up(void) {
 }
 
 /* Runs as PID 1 of the new pid namespace, inside the new mount namespace. */
+/* ---------------------------------------------------------------------------- seccomp */
+
+/* A BPF program exported by `sandboxd seccomp-compile`, loaded without no_new_privs: a
+ * setuid program in the guest (sudo) must keep working, so the caller must still hold
+ * CAP_SYS_ADMIN when it applies it; everything the process starts inherits the filter. */
+static struct sock_filter seccomp_prog[4096];
+static struct sock_fprog seccomp_fprog;
+
+/* Read the program first (the path may be gone once we are inside the guest's root)... */
+static int read_seccomp(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, seccomp_prog, sizeof seccomp_prog);
+    close(fd);
+    if (n <= 0 || n % (ssize_t)sizeof seccomp_prog[0] != 0 || n == (ssize_t)sizeof seccomp_prog) {
+        errno = EINVAL;
+        return -1;
+    }
+    seccomp_fprog.len = (unsigned short)(n / (ssize_t)sizeof seccomp_prog[0]);
+    seccomp_fprog.filter = seccomp_prog;
+    return 0;
+}
+
+/* ...then apply it, as late as possible. */
+static int apply_seccomp(void) {
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_fprog);
+}
+
+static int parse_cmp(char **tok, struct scmp_arg_cmp *cmp) {
+    /* ARG OP VALUE [MASK-DATUM] */
+    if (!tok[0] || !tok[1] || !tok[2]) return -1;
+    unsigned arg = (unsigned)strtoul(tok[0], NULL, 10);
+    unsigned long long a = strtoull(tok[2], NULL, 0), b = tok[3] ? strtoull(tok[3], NULL, 0) : 0;
+    enum scmp_compare op;
+    if (!strcmp(tok[1], "eq")) op = SCMP_CMP_EQ;
+    else if (!strcmp(tok[1], "ne")) op = SCMP_CMP_NE;
+    else if (!strcmp(tok[1], "lt")) op = SCMP_CMP_LT;
+    else if (!strcmp(tok[1], "le")) op = SCMP_CMP_LE;
+    else if (!strcmp(tok[1], "gt")) op = SCMP_CMP_GT;
+    else if (!strcmp(tok[1], "ge")) op = SCMP_CMP_GE;
+    else if (!strcmp(tok[1], "masked_eq")) op = SCMP_CMP_MASKED_EQ;
+    else return -1;
+    *cmp = (struct scmp_arg_cmp){.arg = arg, .op = op, .datum_a = a, .datum_b = b};
+    return 0;
+}
+
+/* Compile a policy (see e2bfacade/runtime/local/seccomp.py) into a BPF program file. */
+static int run_seccomp_compile(const char *policy, const char *out) {
+    FILE *f = fopen(policy, "re");
+    if (!f) { perror(policy); return 1; }
+    char line[512];
+    scmp_filter_ctx ctx = NULL;
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *tok[8] = {0};
+        int nt = 0;
+        for (char *t = strtok(line, " \t\n"); t && nt < 8; t = strtok(NULL, " \t\n")) tok[nt++] = t;
+        if (nt == 0) continue;
+        if (!strcmp(tok[0], "default") && nt == 3 && !ctx) {
+            ctx = seccomp_init(SCMP_ACT_ERRNO((unsigned)atoi(tok[2])));
+            if (!ctx) { fprintf(stderr, "seccomp_init failed\n"); return 1; }
+            /* No NNP (setuid programs must work); other architectures are killed. */
+            seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
+            seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+            continue;
+        }
+        if (!ctx || nt < 2) { rc = -EINVAL; break; }
+        int nr = (tok[1][0] >= '0' && tok[1][0] <= '9') ? atoi(tok[1])
+                                                         : seccomp_syscall_resolve_name(tok[1]);
+        if (nr == __NR_SCMP_ERROR) continue; /* a call this architecture does not have */
+        uint32_t action;
+        char **cmp_tok;
+        if (!strcmp(tok[0], "allow")) { action = SCMP_ACT_ALLOW; cmp_tok = tok + 2; }
+        else if (!strcmp(tok[0], "errno") && nt >= 3) {
+            action = SCMP_ACT_ERRNO((unsigned)atoi(tok[2]));
+            cmp_tok = tok + 3;
+        } else { rc = -EINVAL; break; }
+        if (cmp_tok[0]) {
+            struct scmp_arg_cmp cmp;
+            if (parse_cmp(cmp_tok, &cmp) != 0) { rc = -EINVAL; break; }
+            rc = seccomp_rule_add_array(ctx, action, nr, 1, &cmp);
+        } else {
+            rc = seccomp_rule_add_array(ctx, action, nr, 0, NULL);
+        }
+        if (rc != 0) break;
+    }
+    fclose(f);
+    if (rc != 0 || !ctx) {
+        fprintf(stderr, "%s:%d: %s\n", policy, lineno, rc ? strerror(-rc) : "no default line");
+        return 1;
+    }
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { perror(out); return 1; }
+    rc = seccomp_export_bpf(ctx, fd);
+    close(fd);
+    seccomp_release(ctx);
+    if (rc != 0) { fprintf(stderr, "export: %s\n", strerror(-rc)); return 1; }
+    return 0;
+}
+
+/* What a guest must not read of the host kernel: Docker's masked paths, plus what leaks the
+ * host's keys, memory layout, boot line, build and disks. A file is covered by /dev/null,
+ * a directory by an empty read-only tmpfs; what this kernel lacks is skipped. */
+static const char *masked_paths[] = {
+    "proc/acpi", "proc/asound", "proc/kcore", "proc/keys", "proc/key-users",
+    "proc/latency_stats", "proc/timer_list", "proc/timer_stats", "proc/sched_debug",
+    "proc/scsi", "proc/slabinfo", "proc/vmallocinfo", "proc/config.gz", "proc/cmdline",
+    "proc/kallsyms", "proc/modules", "proc/partitions", "proc/diskstats", "proc/mtrr",
+    "proc/iomem", "proc/ioports", "proc/kpagecount", "proc/kpageflags", "proc/kpagecgroup",
+    "proc/pagetypeinfo", "proc/zoneinfo", "proc/buddyinfo", "proc/swaps", "proc/mounts_host",
+    "sys/firmware", "sys/devices/virtual/powercap", "sys/kernel/vmcoreinfo",
+    "sys/kernel/debug", "sys/kernel/tracing", "sys/kernel/security", "sys/block",
+    "sys/class/block", "sys/dev/block", "sys/fs/cgroup", "sys/module",
+};
+
+static void mask_path(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        mount_or_fail("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                      "size=0,mode=555");
+    } else {
+        mount_or_fail("/dev/null", path, NULL, MS_BIND, NULL);
+        mount_or_fail(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID, NULL);
+    }
+}
+
 static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     /* The init's environment is readable by the guest (/proc/1/environ): keep none of ours. */
     clearenv();
+    if (!r->seccomp || read_seccomp(r->seccomp) != 0)
+        fail("seccomp", "%s: %s", r->seccomp ? r->seccomp : "no filter given", strerror(errno));
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     char opts[REQ_MAX];
@@ -242,6 +377,8 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     for (size_t i = 0; i < sizeof ro_proc / sizeof ro_proc[0]; i++)
         if (access(ro_proc[i], F_OK) == 0) bind_readonly(ro_proc[i], ro_proc[i], MS_NOSUID);
     mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    for (size_t i = 0; i < sizeof masked_paths / sizeof masked_paths[0]; i++)
+        mask_path(masked_paths[i]);
 
     mount_or_fail("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536k");
     make_dev("null", 1, 3);
@@ -271,7 +408,14 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
         fail("hostname", "%s", strerror(errno));
     loopback_up();
     set_title("e2b-init");
+    /* A keyring of its own: not host root's session keyring, inherited from sandboxd. */
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0)
+        fail("keyring", "%s", strerror(errno));
+    if (apply_seccomp() != 0) fail("seccomp", "%s", strerror(errno));
     if (drop_capabilities() != 0) fail("capabilities", "%s", strerror(errno));
+    /* Not dumpable: the guest cannot ptrace its init, read its memory or environment, or
+     * follow /proc/1/exe to the host's sandboxd binary. */
+    if (prctl(PR_SET_DUMPABLE, 0) != 0) fail("dumpable", "%s", strerror(errno));
 
     int devnull = open("/dev/null", O_RDWR);
     if (devnull < 0) fail("open", "/dev/null: %s", strerror(errno));
@@ -296,6 +440,7 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "upper")) r->upper = v;
         else if (!strcmp(item, "work")) r->work = v;
         else if (!strcmp(item, "hostname")) r->hostname = v;
+        else if (!strcmp(item, "seccomp")) r->seccomp = v;
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
         else if (!strcmp(item, "leave") && r->nleave < MAX_ITEMS) r->leave[r->nleave++] = v;
@@ -518,17 +663,26 @@ static int run_exec(int argc, char **argv) {
     const char *cwd = argv[6];
     int use_pty = 0, report_to = -1;
     long lifetime_ms = 0;
-    char opts[1024];
+    const char *seccomp_path = NULL;
+    static char opts[4096];
     snprintf(opts, sizeof opts, "%s", argv[7]);
     for (char *tok = strtok(opts, ","); tok; tok = strtok(NULL, ",")) {
         if (!strcmp(tok, "-")) continue;
         if (!strcmp(tok, "pty")) use_pty = 1;
         else if (!strncmp(tok, "lifetime=", 9)) lifetime_ms = strtol(tok + 9, NULL, 10);
         else if (!strncmp(tok, "report=", 7)) report_to = (int)strtol(tok + 7, NULL, 10);
+        else if (!strncmp(tok, "seccomp=", 8)) seccomp_path = tok + 8;
         else {
             fprintf(stderr, "sandboxd exec: unknown option %s\n", tok);
             return 125;
         }
+    }
+
+    /* Read now: the path is the host's, gone once we enter the guest's mount namespace. */
+    if (!seccomp_path || read_seccomp(seccomp_path) != 0) {
+        fprintf(stderr, "sandboxd exec: seccomp %s: %s\n", seccomp_path ? seccomp_path : "(none)",
+                strerror(errno));
+        return 125;
     }
 
     char cg[REQ_MAX];
@@ -560,6 +714,17 @@ static int run_exec(int argc, char **argv) {
             return 125;
         }
         close(fds[i]);
+    }
+    /* A keyring of its own, then the guests' filter while we may still load one without
+     * no_new_privs (we hold CAP_SYS_ADMIN until the drop below). */
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) {
+        fprintf(stderr, "sandboxd exec: keyring: %s\n", strerror(errno));
+        return 125;
+    }
+    if (apply_seccomp() != 0) {
+        fprintf(stderr, "sandboxd exec: seccomp %s: %s\n", seccomp_path ? seccomp_path : "(none)",
+                strerror(errno));
+        return 125;
     }
     if (drop_capabilities() != 0) {
         fprintf(stderr, "sandboxd exec: drop capabilities: %s\n", strerror(errno));
@@ -635,6 +800,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < argc; i++) g_argv_len += strlen(argv[i]) + 1;
     if (argc == 3 && !strcmp(argv[1], "daemon")) return run_daemon(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "exec")) return run_exec(argc, argv);
+    if (argc == 4 && !strcmp(argv[1], "seccomp-compile")) return run_seccomp_compile(argv[2], argv[3]);
     fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd exec PID CGROUPS UID GID CWD OPTS -- ARGV\n");
     return 2;
 }
