@@ -13,8 +13,9 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # gcc + libc6-dev: the local sandbox runtime compiles its C launcher with `gcc -static`;
 # libseccomp-dev: it links libseccomp (static) to build the guests' seccomp filter from the
 # Docker-derived default profile in golang-github-containers-common
-# (/usr/share/containers/seccomp.json).
-packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common)
+# (/usr/share/containers/seccomp.json); sudo: the base template shows the host's /usr, and
+# its default user has passwordless sudo to guest root, as in E2B's templates.
+packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -156,7 +156,11 @@ def test_sandboxes_survive_a_sandboxd_crash_and_creates_still_work(
     fresh = runtime.create(SandboxSpec(after, "base"))
     assert fresh.state is SandboxState.RUNNING and not fresh.adopted
     new_daemons = daemon_pids(runtime.root)
-    assert len(new_daemons) == 1 and new_daemons != daemons
+    assert len(new_daemons) == 1 and new_daemons != daemons, (
+        new_daemons,
+        daemons,
+        [(p, cmdline(p), parent_pid(p)) for p in new_daemons],
+    )
     assert ok(runtime, after, "cat /proc/1/comm").strip() == "e2b-init"
 
 

@@ -88,6 +88,7 @@ class LocalRuntime:
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
         self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
+        self.images.migrate_xattrs()
         self._capacity = _host_capacity(root, host_reserve_mb)
         self.cgroups.set_total(
             memory_bytes=self._capacity.memory_mb << 20, pids_max=self._capacity.pids
@@ -198,15 +199,23 @@ class LocalRuntime:
 
     def _start(self, spec: SandboxSpec, chain: builtins.list[dict[str, Any]]) -> LocalSandboxInfo:
         d = self.layout.sandbox_dir(spec.sandbox_id)
-        for sub in ("upper", "work", "rootfs"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
+        id_base = self.layout.id_base_take(spec.sandbox_id)
+        binds = [b for meta in chain for b in meta.get("host_binds", ())]
+        # What the guest's root builds its file system in, owned by the guest's root (host
+        # id_base): the init turns into it before it mounts anything.
+        stages = [f"stage/l{i}" for i in range(len(chain))]
+        stages += [f"stage/b{i}" for i in range(len(binds))] + ["stage/empty"]
+        d.mkdir(mode=0o700, exist_ok=True)
+        for sub in ("upper", "work", "rootfs", "stage", *stages):
+            (d / sub).mkdir(exist_ok=True)
+            os.chown(d / sub, id_base, id_base)
+        os.chown(d, id_base, id_base)
         self.cgroups.create(
             spec.sandbox_id,
             cpu_count=spec.cpu_count,
             memory_mb=spec.memory_mb,
             pids_max=spec.pids_max,
         )
-        binds = [b for meta in chain for b in meta.get("host_binds", ())]
         request = [
             f"rootfs={d / 'rootfs'}",
             "lower=" + ":".join(str(self.layout.image_dir(m["id"]) / "rootfs") for m in chain),
@@ -214,6 +223,8 @@ class LocalRuntime:
             f"work={d / 'work'}",
             f"hostname={spec.hostname or spec.sandbox_id}",
             f"seccomp={build.ensure_seccomp(self.root)}",
+            f"dir={d}",
+            f"idbase={id_base}",
             *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
             *(f"leave={p}" for p in self.cgroups.root_procs_files()),
             *(f"bind={b}:{b}" for b in binds),
@@ -231,6 +242,7 @@ class LocalRuntime:
             "memory_mb": spec.memory_mb,
             "pids_max": spec.pids_max,
             "created_at": time.time(),
+            "id_base": id_base,
             # What every process started in it gets (the directory is root-only, 0700).
             "env_vars": dict(spec.env_vars),
             "default_user": spec.default_user,
@@ -269,6 +281,8 @@ class LocalRuntime:
             if not self.cgroups.wait_empty(sandbox_id):
                 raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
             self.cgroups.remove(sandbox_id)
+        # No process of the sandbox is left: its id range may go to the next one.
+        self.layout.id_base_free(sandbox_id)
         if d.exists():
             # Rename first: a crash halfway through never leaves a half-deleted sandbox dir
             # that looks like a live one.
@@ -329,7 +343,12 @@ class LocalRuntime:
                     self.cgroups.freeze(sandbox_id)
                 try:
                     (tmp / "rootfs").rmdir()
-                    trees.copy_layer(upper, tmp / "rootfs", max_bytes=self.snapshot_max_bytes)
+                    trees.copy_layer(
+                        upper,
+                        tmp / "rootfs",
+                        max_bytes=self.snapshot_max_bytes,
+                        id_shift=-int((self.layout.read_state(sandbox_id) or {}).get("id_base", 0)),
+                    )
                 except trees.TreeTooLarge:
                     mib = self.snapshot_max_bytes >> 20
                     raise LimitExceeded(
@@ -426,6 +445,7 @@ class LocalRuntime:
             info.init_pid,
             int(state["init_start"]),
             user or state.get("default_user") or DEFAULT_USER,
+            int(state.get("id_base", 0)),  # 0: made before user namespaces, adopted
         )
 
     def start_process(self, sandbox_id: str, spec: ProcessSpec) -> LocalProcess:

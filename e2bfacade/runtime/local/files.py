@@ -74,16 +74,51 @@ def _fs_ids(uid: int, gid: int) -> None:
     _libc.syscall(SYS_SETFSUID, uid)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+SYS_CAPGET, SYS_CAPSET = 125, 126
+CAP_VERSION_3 = 0x20080522
+# What guest root may do to its own files whoever owns them (its in-guest capabilities).
+ROOT_FILE_CAPS = (0, 1, 2, 3)  # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+
+
+def _caps() -> tuple[_CapHeader, Any]:
+    header = _CapHeader(CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _libc.syscall(SYS_CAPGET, ctypes.byref(header), data)
+    return header, data
+
+
 @contextlib.contextmanager
-def as_guest_user(uid: int, gid: int) -> Iterator[None]:
-    """File-system ids of ``uid``/``gid`` for the calling thread, restored afterwards."""
+def as_guest_user(uid: int, gid: int, *, guest_root: bool) -> Iterator[None]:
+    """File-system ids of host ``uid``/``gid`` for the calling thread, restored afterwards.
+    A non-zero fsuid drops the host's file capabilities; for the guest's root, the file
+    capabilities it holds inside its own namespace are raised again (for this thread only:
+    raw capset), since every path is resolved inside the guest's tree."""
     groups = os.getgroups()
+    header, saved = _caps()
     _fs_ids(uid, gid)
     try:
+        if guest_root:
+            _, data = _caps()
+            for cap in ROOT_FILE_CAPS:
+                data[0].effective |= 1 << cap
+            _libc.syscall(SYS_CAPSET, ctypes.byref(header), data)
         yield
     finally:
         _libc.syscall(SYS_SETFSUID, 0)
         _libc.syscall(SYS_SETFSGID, 0)
+        _libc.syscall(SYS_CAPSET, ctypes.byref(header), saved)
         arr = (ctypes.c_uint * max(len(groups), 1))(*groups)
         _libc.syscall(SYS_SETGROUPS, len(groups), arr)
 
@@ -139,6 +174,13 @@ def id_names(root_fd: int) -> tuple[dict[int, str], dict[int, str]]:
     return users, groups
 
 
+def _name(names: dict[int, str], guest_id: int) -> str:
+    """A guest id's name; an id outside the guest's range is nobody's, as inside."""
+    if not 0 <= guest_id < 65536:
+        guest_id = 65534
+    return names.get(guest_id, str(guest_id))
+
+
 def guest_path(path: str, home: str) -> str:
     """An absolute, normalised guest path: relative ones (and ``~``) are under ``home``."""
     if "\0" in path:
@@ -185,7 +227,8 @@ class GuestFiles:
     """File operations in one sandbox as one guest user. Use as a context manager; every
     method must run on the thread that entered it (the fs ids are per thread)."""
 
-    def __init__(self, init_pid: int, init_start: int, user: str) -> None:
+    def __init__(self, init_pid: int, init_start: int, user: str, id_base: int) -> None:
+        self.id_base = id_base
         self._root = open_guest_root(init_pid, init_start)
         try:
             self.account = lookup_user(self._root, user)
@@ -196,7 +239,13 @@ class GuestFiles:
         self._ids: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> GuestFiles:
-        self._ids = as_guest_user(self.account.uid, self.account.gid)
+        # The guest's ids are host ids id_base + n: work as that host id, so the kernel checks
+        # the user's permissions and what is created is the user's.
+        self._ids = as_guest_user(
+            self.id_base + self.account.uid,
+            self.id_base + self.account.gid,
+            guest_root=self.account.uid == 0,
+        )
         self._ids.__enter__()
         return self
 
@@ -245,8 +294,8 @@ class GuestFiles:
             type=kind,
             size=st.st_size,
             mode=st.st_mode,
-            owner=users.get(st.st_uid, str(st.st_uid)),
-            group=groups.get(st.st_gid, str(st.st_gid)),
+            owner=_name(users, st.st_uid - self.id_base),
+            group=_name(groups, st.st_gid - self.id_base),
             modified_time=st.st_mtime,
             symlink_target=target,
         )

@@ -23,6 +23,7 @@ from typing import IO, Any
 from e2bfacade.runtime.base import BUILTIN_IMAGE, CreateRefused, ImageInfo, ImageNotFound
 from e2bfacade.runtime.local import layers, trees
 from e2bfacade.runtime.local.state import Layout
+from e2bfacade.runtime.local.state import write_json as state_write_json
 
 BASE_IMAGE = BUILTIN_IMAGE
 GUEST_USER_UID = 1000
@@ -40,6 +41,11 @@ HOST_ETC_COPIES = (
     "localtime",
     "os-release",
     "debian_version",
+    # PAM's configuration (no secrets: the modules and policies Debian ships), so sudo and
+    # su work inside; the guest's own sudoers is written below.
+    "pam.d",
+    "security",
+    "login.defs",
 )
 BASE_DIRS = (
     "usr",
@@ -136,6 +142,7 @@ class ImageStore:
             try:
                 meta = build(tmp)
                 meta["size"] = trees.tree_size(tmp / "rootfs")
+                meta["xattrs"] = "user"
                 meta["created"] = time.time()
                 (tmp / "image.json").write_text(json.dumps(meta))
                 _remove_quietly(final)
@@ -151,6 +158,19 @@ class ImageStore:
         tomb = final.with_name(f".{image_id}.deleting")
         os.rename(final, tomb)
         trees.remove_tree(tomb)
+
+    def migrate_xattrs(self) -> None:
+        """Images made before sandboxes had user namespaces mark opaque directories with
+        ``trusted.overlay.opaque``; the sandboxes' userxattr overlays read the ``user.``
+        name. Mark them so, once per image (recorded in its image.json)."""
+        for image_id in self.list():
+            meta = self.read_or_empty(image_id)
+            if not meta or meta.get("xattrs") == "user":
+                continue
+            rootfs = self.layout.image_dir(image_id) / "rootfs"
+            trees.mark_user_opaque(rootfs)
+            meta["xattrs"] = "user"
+            state_write_json(self.layout.image_dir(image_id) / "image.json", meta)
 
     def ensure_base(self) -> ImageInfo:
         if self.exists(BASE_IMAGE):
@@ -228,6 +248,15 @@ def _build_base(tmp: Path) -> dict[str, Any]:
     (etc / "group").write_text(f"root:x:0:\nsudo:x:27:user\nuser:x:{uid}:\nnogroup:x:65534:\n")
     (etc / "shadow").write_text("root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n")
     os.chmod(etc / "shadow", 0o640)
+    # As in E2B's templates: the default user may become (guest) root without a password.
+    sudoers = etc / "sudoers"
+    sudoers.write_text(
+        "Defaults env_reset\n"
+        'Defaults secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+        "root ALL=(ALL:ALL) ALL\n"
+        "user ALL=(ALL:ALL) NOPASSWD: ALL\n"
+    )
+    os.chmod(sudoers, 0o440)
     (etc / "hostname").write_text("e2b\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").write_text("")

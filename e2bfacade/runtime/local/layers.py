@@ -1,8 +1,9 @@
 """Root file system tarballs into image layers, with hardened extraction (no absolute
 paths, nothing outside the destination, no link that leaves it, no device node but an
 overlay whiteout). An archive may carry an overlay layer exactly: whiteouts (character
-devices 0/0) and, as a GNU-tar-style PAX record, the ``trusted.overlay.opaque`` xattr of a
-replaced directory. (Snapshots do not go through an archive: see ``trees.copy_layer``.)
+devices 0/0) and, as a GNU-tar-style PAX record, the overlay opaque xattr of a replaced
+directory (``user.`` or ``trusted.``; it lands as ``user.overlay.opaque``, the name the
+sandboxes' userxattr overlays read). Snapshots go through no archive: ``trees.copy_layer``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import os
 import tarfile
 from pathlib import Path
 
-OPAQUE_XATTR = "trusted.overlay.opaque"
+OPAQUE_XATTR = "user.overlay.opaque"  # sandboxes mount their overlays with userxattr
 PAX_OPAQUE = "SCHILY.xattr." + OPAQUE_XATTR
+PAX_OPAQUE_TRUSTED = "SCHILY.xattr.trusted.overlay.opaque"  # a layer archived by host root
 
 
 def _rootfs_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
@@ -43,5 +45,5 @@ def extract_layer(archive: Path, dest: Path) -> None:
         members = tar.getmembers()
         tar.extractall(dest, members=members, numeric_owner=True, filter=_rootfs_filter)
         for m in members:
-            if m.pax_headers.get(PAX_OPAQUE) == "y":
+            if "y" in (m.pax_headers.get(PAX_OPAQUE), m.pax_headers.get(PAX_OPAQUE_TRUSTED)):
                 os.setxattr(dest / m.name, OPAQUE_XATTR, b"y")

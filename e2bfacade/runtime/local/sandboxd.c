@@ -128,7 +128,8 @@ static void __attribute__((noreturn)) init_loop(void) {
 }
 
 struct create_req {
-    const char *rootfs, *lower, *upper, *work, *hostname, *seccomp;
+    const char *rootfs, *lower, *upper, *work, *hostname, *seccomp, *dir;
+    unsigned long idbase;
     const char *cgroups[MAX_ITEMS];
     int ncgroups;
     const char *binds[MAX_ITEMS];
@@ -185,13 +186,6 @@ static void bind_readonly(const char *src, const char *dst, unsigned long extra)
     mount_or_fail(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | extra, NULL);
 }
 
-static void make_dev(const char *name, unsigned maj, unsigned min) {
-    char path[256];
-    snprintf(path, sizeof path, "dev/%s", name);
-    if (mknod(path, S_IFCHR | 0666, makedev(maj, min)) != 0)
-        fail("mknod", "/dev/%s: %s", name, strerror(errno));
-    chmod(path, 0666); /* mknod honours the umask */
-}
 
 static void loopback_up(void) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -334,32 +328,131 @@ static void mask_path(const char *path) {
     }
 }
 
+/* ------------------------------------------------------------------- user namespaces */
+#define MAX_FDS 32
+#define ID_RANGE 65536
+static int sync_fd = -1;
+
+static int send_fds(int sock, const int *fds, int n) {
+    char byte = 'G';
+    struct iovec iov = {&byte, 1};
+    union { char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)]; struct cmsghdr align; } cbuf;
+    memset(&cbuf, 0, sizeof cbuf);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n > 0) {
+        msg.msg_control = cbuf.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n);
+    }
+    return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
+}
+
+static int recv_fds(int sock, int *fds, int max) {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union { char buf[CMSG_SPACE(sizeof(int) * MAX_FDS)]; struct cmsghdr align; } cbuf;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+                         .msg_controllen = sizeof cbuf.buf};
+    if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+    int n = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        if (n > max) n = max;
+        memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)n);
+    }
+    return n;
+}
+
+/* A detached copy of the mount at PATH whose files the sandbox's user namespace sees with
+ * its ids: a file of host uid N appears as guest uid N (host BASE + N on disk is what the
+ * guest's own writes become). Read-only, no devices. Must be made by host root. */
+static int idmapped_clone(const char *path, int userns_fd) {
+    int t = (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                         OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (t < 0) return -1;
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
+                           .userns_fd = (unsigned long long)userns_fd};
+    if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | AT_RECURSIVE, &a, sizeof a) != 0) {
+        int e = errno;
+        close(t);
+        errno = e;
+        return -1;
+    }
+    return t;
+}
+
+static void attach(int mount_fd, const char *dst) {
+    if (syscall(SYS_move_mount, mount_fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+        fail("mount", "attach %s: %s", dst, strerror(errno));
+    close(mount_fd);
+}
+
+static void bind_dev(const char *name) {
+    char src[64], dst[64];
+    snprintf(src, sizeof src, "/dev/%s", name);
+    snprintf(dst, sizeof dst, "dev/%s", name);
+    int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) fail("dev", "%s: %s", dst, strerror(errno));
+    close(fd);
+    mount_or_fail(src, dst, NULL, MS_BIND, NULL);
+}
+
 static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     /* The init's environment is readable by the guest (/proc/1/environ): keep none of ours. */
     clearenv();
-    if (!r->seccomp || read_seccomp(r->seccomp) != 0)
-        fail("seccomp", "%s: %s", r->seccomp ? r->seccomp : "no filter given", strerror(errno));
+    /* The daemon writes our id maps and makes the idmapped mounts of the image layers and
+     * host binds (it must: they need host root), then hands them over. */
+    int fds[MAX_FDS];
+    int nlower = 1;
+    for (const char *c = r->lower; *c; c++) nlower += *c == ':';
+    int nfds = recv_fds(sync_fd, fds, MAX_FDS);
+    if (nfds != nlower + r->nbinds) fail("userns", "got %d mounts, expected %d", nfds, nlower + r->nbinds);
+    close(sync_fd);
+    /* We are in the sandbox's directory (the maker went there as host root) and, with our
+     * maps written, its host uid BASE is our uid 0: the guest's root, owning the upper
+     * layer. Drop whatever groups of the host's are left. */
+    if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0)
+        fail("userns", "become guest root: %s", strerror(errno));
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-    char opts[REQ_MAX];
-    snprintf(opts, sizeof opts,
-             "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,index=off,metacopy=off",
-             r->lower, r->upper, r->work);
-    /* nodev: a device node in a template or snapshot is never a way around CAP_MKNOD. */
-    mount_or_fail("overlay", r->rootfs, "overlay", MS_NODEV, opts);
-    if (chdir(r->rootfs) != 0) fail("chdir", "%s: %s", r->rootfs, strerror(errno));
+    char opts[REQ_MAX], stage[64];
+    size_t off = (size_t)snprintf(opts, sizeof opts, "lowerdir=");
+    for (int i = 0; i < nlower; i++) {
+        snprintf(stage, sizeof stage, "stage/l%d", i);
+        attach(fds[i], stage);
+        off += (size_t)snprintf(opts + off, sizeof opts - off, "%s%s", i ? ":" : "", stage);
+    }
+    /* userxattr: overlay's own metadata (opaque directories) as user.overlay.* xattrs, the
+     * ones an unprivileged mounter may use. nodev: a device node in a layer is never a way
+     * around the missing CAP_MKNOD. */
+    snprintf(opts + off, sizeof opts - off,
+             ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,index=off,metacopy=off");
+    /* The sandbox's directory as the mount's source: the host can tell its mounts apart. */
+    mount_or_fail(r->dir, "rootfs", "overlay", MS_NODEV, opts);
+    if (chdir("rootfs") != 0) fail("chdir", "rootfs: %s", strerror(errno));
 
     for (int i = 0; i < r->nbinds; i++) {
         char spec[4096];
         snprintf(spec, sizeof spec, "%s", r->binds[i]);
         char *colon = strchr(spec, ':');
         if (!colon) fail("bind", "malformed bind %s", spec);
-        *colon = 0;
         const char *dst = colon + 1;
         while (*dst == '/') dst++;
         require_dir_or_absent(dst);
         mkdir_p_in(dst, 0755);
-        bind_readonly(spec, dst, MS_NODEV);
+        /* A host directory (/usr) as a lower-only overlay of its idmapped copy: read-only
+         * in the superblock itself, so no remount can ever make the host's files writable. */
+        char bstage[64], bopts[256];
+        snprintf(bstage, sizeof bstage, "../stage/b%d", i);
+        attach(fds[nlower + i], bstage);
+        snprintf(bopts, sizeof bopts, "lowerdir=%s:../stage/empty,userxattr,redirect_dir=nofollow",
+                 bstage);
+        mount_or_fail("overlay", dst, "overlay", MS_RDONLY | MS_NODEV, bopts);
     }
 
     const char *dirs[] = {"proc", "sys", "dev", "tmp", "run"};
@@ -381,12 +474,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
         mask_path(masked_paths[i]);
 
     mount_or_fail("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536k");
-    make_dev("null", 1, 3);
-    make_dev("zero", 1, 5);
-    make_dev("full", 1, 7);
-    make_dev("random", 1, 8);
-    make_dev("urandom", 1, 9);
-    make_dev("tty", 5, 0);
+    /* mknod is refused in a user namespace: the host's own device nodes, bound in. */
+    const char *devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) bind_dev(devs[i]);
     mkdir_p_in("dev/pts", 0755);
     mkdir_p_in("dev/shm", 01777);
     mount_or_fail("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
@@ -441,6 +531,8 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "work")) r->work = v;
         else if (!strcmp(item, "hostname")) r->hostname = v;
         else if (!strcmp(item, "seccomp")) r->seccomp = v;
+        else if (!strcmp(item, "dir")) r->dir = v;
+        else if (!strcmp(item, "idbase")) r->idbase = strtoul(v, NULL, 10);
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
         else if (!strcmp(item, "leave") && r->nleave < MAX_ITEMS) r->leave[r->nleave++] = v;
@@ -514,24 +606,133 @@ static void __attribute__((noreturn)) handle(int conn) {
         reply(conn, "ERR pipe: %s", strerror(errno));
         _exit(1);
     }
-    /* A cgroup namespace rooted at the sandbox's group: the guest sees "/" there, never the
-     * host's cgroup paths. Made after joining the groups, so that they are its root. */
-    if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID |
-                CLONE_NEWCGROUP) != 0) {
-        reply(conn, "ERR namespaces: %s", strerror(errno));
+    int sync[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) != 0) {
+        reply(conn, "ERR socketpair: %s", strerror(errno));
         _exit(1);
     }
-    pid_t child = fork();
-    if (child < 0) {
+    if (r.idbase == 0 || !r.dir) {
+        reply(conn, "ERR request: no idbase or dir");
+        _exit(1);
+    }
+    /* The sandbox's user namespace is made by a child that has become the sandbox's own
+     * host uid (BASE) first: the kernel charges per-user limits (inotify instances, user
+     * namespaces, ...) in the host's namespace to the namespace's owner, so each sandbox
+     * has its own, never host root's or another sandbox's. The other namespaces are made
+     * with it and owned by it: guest root holds its capabilities over them and over nothing
+     * of the host. A cgroup namespace rooted at the sandbox's group: the guest sees "/"
+     * there, never the host's cgroup paths (made after joining the groups). */
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0) {
+        reply(conn, "ERR pipe: %s", strerror(errno));
+        _exit(1);
+    }
+    pid_t maker = fork();
+    if (maker < 0) {
         reply(conn, "ERR fork: %s", strerror(errno));
         _exit(1);
     }
-    if (child == 0) {
+    if (maker == 0) {
         close(rep[0]);
+        close(sync[0]);
         close(conn);
-        report_fd = rep[1];
-        sandbox_init(&r);
+        /* Into the sandbox's directory while still host root (its path is root's, 0700);
+         * from here on every path is relative to it, so no host directory is walked again. */
+        /* The guests' filter too, while its file is readable (applied by the init, last). */
+        if (!r.seccomp || read_seccomp(r.seccomp) != 0) {
+            dprintf(rep[1], "ERR seccomp: %s: %s", r.seccomp ? r.seccomp : "no filter given",
+                    strerror(errno));
+            _exit(1);
+        }
+        gid_t base_gid = (gid_t)r.idbase;
+        uid_t base_uid = (uid_t)r.idbase;
+        if (chdir(r.dir) != 0 || setgroups(0, NULL) != 0 || setresgid(base_gid, base_gid, base_gid) != 0 ||
+            setresuid(base_uid, base_uid, base_uid) != 0 ||
+            unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET |
+                    CLONE_NEWPID | CLONE_NEWCGROUP) != 0) {
+            dprintf(rep[1], "ERR namespaces: %s", strerror(errno));
+            _exit(1);
+        }
+        /* Tell the daemon to write our id maps, and wait until it has; the pid namespace is
+         * for our child, PID 1. */
+        close(go[1]);
+        char ok;
+        if (send(sync[1], "U", 1, 0) != 1 || read(go[0], &ok, 1) != 1) _exit(1);
+        close(go[0]);
+        pid_t init = fork();
+        if (init < 0) {
+            dprintf(rep[1], "ERR fork: %s", strerror(errno));
+            _exit(1);
+        }
+        if (init == 0) {
+            report_fd = rep[1];
+            sync_fd = sync[1];
+            sandbox_init(&r);
+        }
+        char msg[32];
+        int len = snprintf(msg, sizeof msg, "P%d", init);
+        _exit(send(sync[1], msg, (size_t)len, 0) == len ? 0 : 1);
     }
+    close(sync[1]);
+    close(go[0]);
+    char msg[32] = {0};
+    if (recv(sync[0], msg, sizeof msg - 1, 0) != 1 || msg[0] != 'U') {
+        waitpid(maker, NULL, 0);
+        char status[1100] = {0};
+        ssize_t n = read(rep[0], status, sizeof status - 1);
+        reply(conn, "%s", n > 0 ? status : "ERR namespaces: the maker died");
+        _exit(1);
+    }
+    pid_t child = maker; /* whose user namespace we set up; the init's pid comes below */
+    /* The guest's ids 0..65535 are host ids BASE..BASE+65535, this sandbox's alone. */
+    char path[64], map[64];
+    snprintf(map, sizeof map, "0 %lu %d\n", r.idbase, ID_RANGE);
+    const char *maps[] = {"uid_map", "gid_map"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/proc/%d/%s", child, maps[i]);
+        if (write_file(path, map) != 0) {
+            kill(child, SIGKILL);
+            reply(conn, "ERR userns: %s: %s", maps[i], strerror(errno));
+            _exit(1);
+        }
+    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", child);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (write(go[1], "G", 1) != 1) {
+        kill(child, SIGKILL);
+        reply(conn, "ERR userns: %s", strerror(errno));
+        _exit(1);
+    }
+    close(go[1]);
+    int fds[MAX_FDS], nfds = 0;
+    char lower[REQ_MAX];
+    snprintf(lower, sizeof lower, "%s", r.lower);
+    for (char *tok = strtok(lower, ":"); tok && userns >= 0 && nfds < MAX_FDS; tok = strtok(NULL, ":")) {
+        if ((fds[nfds++] = idmapped_clone(tok, userns)) < 0) break;
+    }
+    for (int i = 0; i < r.nbinds && userns >= 0 && nfds < MAX_FDS; i++) {
+        char src[4096];
+        snprintf(src, sizeof src, "%s", r.binds[i]);
+        char *colon = strchr(src, ':');
+        if (colon) *colon = 0;
+        if ((fds[nfds++] = idmapped_clone(src, userns)) < 0) break;
+    }
+    if (userns < 0 || (nfds > 0 && fds[nfds - 1] < 0) || send_fds(sync[0], fds, nfds) != 0) {
+        kill(child, SIGKILL);
+        reply(conn, "ERR userns: idmapped mounts: %s", strerror(errno));
+        _exit(1);
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    close(userns);
+    memset(msg, 0, sizeof msg);
+    ssize_t got = recv(sync[0], msg, sizeof msg - 1, 0);
+    waitpid(maker, NULL, 0);
+    close(sync[0]);
+    if (got < 2 || msg[0] != 'P') {
+        reply(conn, "ERR init: not started");
+        _exit(1);
+    }
+    child = (pid_t)strtol(msg + 1, NULL, 10); /* the init: the daemon's to reap from now */
     close(rep[1]);
     char status[1100] = {0};
     ssize_t n = read(rep[0], status, sizeof status - 1);
@@ -696,7 +897,9 @@ static int run_exec(int argc, char **argv) {
         }
     }
     /* Open every namespace first: once we enter the mount namespace /proc/PID is gone. */
-    const char *names[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt"};
+    /* The user namespace first: it owns the others, and joining it is what gives us (and
+     * only over this sandbox) the capabilities to join them. */
+    const char *names[] = {"user", "cgroup", "ipc", "uts", "net", "pid", "mnt"};
     enum { NNS = sizeof names / sizeof names[0] };
     int fds[NNS];
     for (int i = 0; i < NNS; i++) {
@@ -709,7 +912,8 @@ static int run_exec(int argc, char **argv) {
         }
     }
     for (int i = 0; i < NNS; i++) {
-        if (setns(fds[i], 0) != 0) {
+        /* EINVAL for "user": a sandbox made before user namespaces shares ours. */
+        if (setns(fds[i], 0) != 0 && !(i == 0 && errno == EINVAL)) {
             fprintf(stderr, "sandboxd exec: setns %s: %s\n", names[i], strerror(errno));
             return 125;
         }

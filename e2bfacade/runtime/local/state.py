@@ -8,6 +8,8 @@ Layout::
     images/<id>/image.json    {"parent": <id>|null, "host_binds": [...], "size": n}
     sandboxes/<id>/upper      the sandbox's writable layer
     sandboxes/<id>/state.json written last: its presence means "created"
+    sandboxes/<id>/stage/     mount points the init uses while it builds its root
+    ids/<slot>                the id range <slot> is held by the sandbox named inside
     locks/<kind>-<nn>.lock    per-id serialisation across threads and processes
     run/sandboxd-*.sock       the launcher/reaper daemon (see sandboxd.c)
 """
@@ -15,6 +17,7 @@ Layout::
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -26,6 +29,12 @@ from typing import Any
 from e2bfacade.runtime.base import check_id
 
 LOCK_STRIPES = 256
+# Each live sandbox owns a range of host ids for its user namespace: guest id N is host id
+# base + N. Ranges start above any account a host makes (subordinate ids conventionally
+# start at 100000; we start at 2^20) and never overlap: 4096 ranges of 65536 ids.
+ID_RANGE = 65536
+ID_FIRST_BASE = 1 << 20
+ID_SLOTS = 4096
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -53,11 +62,12 @@ class Layout:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("images", "sandboxes", "locks", "run", "bin"):
+        for sub in ("images", "sandboxes", "locks", "run", "bin", "ids"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o711)
-        os.chmod(root / "images", 0o700)
-        os.chmod(root / "sandboxes", 0o700)
+        # Nobody but root walks in: no other host account can read a layer, or hold one of
+        # the lock files to stall the runtime.
+        for path in (root, *(root / sub for sub in ("images", "sandboxes", "locks", "ids"))):
+            os.chmod(path, 0o700)
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.root / "sandboxes" / check_id(sandbox_id, "sandbox id")
@@ -74,6 +84,54 @@ class Layout:
             return json.loads((self.sandbox_dir(sandbox_id) / "state.json").read_text())  # type: ignore[no-any-return]
         except FileNotFoundError:
             return None
+
+    def id_base_take(self, sandbox_id: str) -> int:
+        """A free id range for ``sandbox_id`` (or the one it already holds); its base.
+
+        A slot is a file made with O_EXCL, so two creators never take the same one; the
+        search starts at a hash of the id, so creates rarely meet."""
+        held = self.id_base_of(sandbox_id)
+        if held is not None:
+            return held
+        start = zlib.crc32(sandbox_id.encode()) % ID_SLOTS
+        for i in range(ID_SLOTS):
+            slot = (start + i) % ID_SLOTS
+            try:
+                fd = os.open(
+                    self.root / "ids" / str(slot), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+                )
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(sandbox_id)
+            return ID_FIRST_BASE + slot * ID_RANGE
+        raise OSError(errno.ENOSPC, f"all {ID_SLOTS} id ranges are taken")
+
+    def id_base_of(self, sandbox_id: str) -> int | None:
+        for slot in self._slots_of(sandbox_id):
+            return ID_FIRST_BASE + slot * ID_RANGE
+        return None
+
+    def id_base_free(self, sandbox_id: str) -> None:
+        """Give back the sandbox's range: only once none of its processes is left."""
+        for slot in self._slots_of(sandbox_id):
+            (self.root / "ids" / str(slot)).unlink(missing_ok=True)
+
+    def _slots_of(self, sandbox_id: str) -> list[int]:
+        # The slot near the id's hash first: that is where id_base_take put it, mostly.
+        start = zlib.crc32(sandbox_id.encode()) % ID_SLOTS
+        names = sorted(
+            (p for p in (self.root / "ids").iterdir() if p.name.isdigit()),
+            key=lambda p: (int(p.name) - start) % ID_SLOTS,
+        )
+        found = []
+        for p in names:
+            try:
+                if p.read_text() == sandbox_id:
+                    found.append(int(p.name))
+            except FileNotFoundError:
+                continue
+        return found
 
     @contextlib.contextmanager
     def locked(self, kind: str, ident: str, blocking: bool = True) -> Iterator[bool]:

@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-OPAQUE_XATTRS = ("trusted.overlay.opaque",)
+# The overlay metadata a layer carries: sandboxes mount with userxattr (a user namespace may
+# use only user.* xattrs), so an opaque directory is marked user.overlay.opaque.
+OPAQUE_XATTRS = ("user.overlay.opaque",)
+ID_RANGE = 65536
+NOBODY = 65534
 MAX_LINKED_FILES = 1024
 
 
@@ -182,6 +186,23 @@ def tree_usage(path: Path, *, deadline: float | None = None, into: Usage | None 
     return usage
 
 
+def mark_user_opaque(path: Path) -> None:
+    """Give every directory under ``path`` marked ``trusted.overlay.opaque`` the same mark
+    as ``user.overlay.opaque`` (what a userxattr overlay reads)."""
+
+    def enter(dir_fd: int, name: str, st: os.stat_result) -> bool:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            with contextlib.suppress(OSError):
+                if os.getxattr(fd, "trusted.overlay.opaque") == b"y":
+                    os.setxattr(fd, OPAQUE_XATTRS[0], b"y")
+        finally:
+            os.close(fd)
+        return True
+
+    _Walk(path).run(lambda *_: None, enter, lambda *_: None)
+
+
 def tree_size(path: Path) -> int:
     """The bytes a tree holds on disk (what an image or a layer costs)."""
     return tree_usage(path).bytes
@@ -213,12 +234,21 @@ def _copy_data(src: int, dst: int, limit: list[int]) -> None:
     os.ftruncate(dst, size)
 
 
-def copy_layer(src: Path, dst: Path, *, max_bytes: int) -> None:
+def _shifted(host_id: int, shift: int) -> int:
+    """A sandbox's host id as the layer stores it: guest ids (0..65535). An id outside the
+    sandbox's range (none should be) becomes nobody's."""
+    guest = host_id + shift
+    return guest if 0 <= guest < ID_RANGE else NOBODY
+
+
+def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> None:
     """Copy an overlay layer ``src`` into the new directory ``dst``, exactly: modes, owners,
     times, whiteouts (character devices 0/0), opaque-directory xattrs, symlinks, FIFOs,
     sockets and hard links; sparse files stay sparse. Raises :class:`TreeTooLarge` past
     ``max_bytes`` of data. Device nodes other than whiteouts are left out: a guest cannot
-    make them, and they would bypass its missing CAP_MKNOD in every restored sandbox."""
+    make them, and they would bypass its missing CAP_MKNOD in every restored sandbox.
+    ``id_shift`` is added to every owner: a sandbox's layer holds host ids (its range's
+    base + guest id), an image holds guest ids."""
     os.mkdir(dst, 0o755)
     budget = [max_bytes]
     # The destination is walked in step with the source, also holding one descriptor: the
@@ -244,7 +274,7 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int) -> None:
                 out = os.open(name, flags, 0o600, dir_fd=here)
                 try:
                     _copy_data(src_fd, out, budget)
-                    os.fchown(out, st.st_uid, st.st_gid)
+                    os.fchown(out, _shifted(st.st_uid, id_shift), _shifted(st.st_gid, id_shift))
                     os.fchmod(out, mode)
                     if st.st_nlink > 1 and len(links) < MAX_LINKED_FILES:
                         links[_ident(st)] = os.open(
@@ -262,7 +292,13 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int) -> None:
             os.mknod(name, kind | mode, 0, dir_fd=here)
         else:
             return
-        os.chown(name, st.st_uid, st.st_gid, dir_fd=here, follow_symlinks=False)
+        os.chown(
+            name,
+            _shifted(st.st_uid, id_shift),
+            _shifted(st.st_gid, id_shift),
+            dir_fd=here,
+            follow_symlinks=False,
+        )
         if kind != stat.S_IFREG and kind != stat.S_IFLNK:  # the umask trimmed mknod's mode
             os.chmod(name, mode, dir_fd=here)
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=here, follow_symlinks=False)
@@ -289,7 +325,7 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int) -> None:
 
     def leave(dir_fd: int, name: str, st: os.stat_result) -> None:
         child = dst_fds.pop()
-        os.fchown(child, st.st_uid, st.st_gid)
+        os.fchown(child, _shifted(st.st_uid, id_shift), _shifted(st.st_gid, id_shift))
         os.fchmod(child, stat.S_IMODE(st.st_mode))
         os.utime(child, ns=(st.st_atime_ns, st.st_mtime_ns))
         up = os.open("..", DIR_FLAGS, dir_fd=child)
@@ -299,7 +335,7 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int) -> None:
     try:
         _Walk(src).run(make, enter, leave)
         top = os.lstat(src)
-        os.chown(dst, top.st_uid, top.st_gid)
+        os.chown(dst, _shifted(top.st_uid, id_shift), _shifted(top.st_gid, id_shift))
         os.chmod(dst, stat.S_IMODE(top.st_mode))
     finally:
         for fd in [*dst_fds, *links.values()]:

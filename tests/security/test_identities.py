@@ -1,0 +1,109 @@
+"""Guest identities are nobody on the host: a user namespace per sandbox with an id range
+of its own, so guest root (and anything a setuid program lifts to it) is an unprivileged
+host uid, and no two live sandboxes share an id."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+
+import pytest
+
+from e2bfacade.runtime.base import ProcessSpec, SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
+from tests.runtime.helpers import ok, run, sh
+
+
+def id_base(runtime: LocalRuntime, sandbox_id: str) -> int:
+    state = runtime.layout.read_state(sandbox_id)
+    assert state is not None
+    return int(state["id_base"])
+
+
+def test_guest_root_and_user_are_unprivileged_host_ids(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    info = runtime.create(SandboxSpec(sandbox_id, "base"))
+    base = id_base(runtime, sandbox_id)
+    assert base >= 1 << 20
+    assert os.stat(f"/proc/{info.init_pid}").st_uid == base  # the init, as the host sees it
+    assert ok(runtime, sandbox_id, "id -u; touch /root/by-root").split() == ["0"]
+    ok(runtime, sandbox_id, "touch /home/user/by-user", user="user")
+    upper = runtime.root / "sandboxes" / sandbox_id / "upper"
+    assert os.stat(upper / "root/by-root").st_uid == base
+    assert os.stat(upper / "home/user/by-user").st_uid == base + 1000
+    # Inside, the same files are guest root's and guest user's, and /usr is root's.
+    listing = ok(runtime, sandbox_id, "stat -c '%u %n' /root/by-root /home/user/by-user /usr/bin")
+    assert listing.split() == ["0", "/root/by-root", "1000", "/home/user/by-user", "0", "/usr/bin"]
+
+
+def test_two_live_sandboxes_never_share_an_id_and_a_kill_frees_the_range(
+    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+) -> None:
+    a, b = new_sandbox_id(), new_sandbox_id()
+    runtime.create(SandboxSpec(a, "base"))
+    runtime.create(SandboxSpec(b, "base"))
+    base_a, base_b = id_base(runtime, a), id_base(runtime, b)
+    assert abs(base_a - base_b) >= 65536
+    held = {p.read_text() for p in (runtime.root / "ids").iterdir()}
+    assert {a, b} <= held
+    runtime.kill(a)
+    assert a not in {p.read_text() for p in (runtime.root / "ids").iterdir()}
+
+
+def test_usr_stays_read_only_whatever_guest_root_tries(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    marker = f"/usr/e2bt-planted-{sandbox_id}"
+    result = sh(
+        runtime,
+        sandbox_id,
+        f"mount -o remount,rw /usr; mount -o remount,rw,bind /usr; echo x > {marker}; "
+        f"chmod u+s /usr/bin/env; chown 0 /usr/bin/env",
+    )
+    assert result.exit_code != 0
+    assert not os.path.exists(marker)
+    assert not os.stat("/usr/bin/env").st_mode & 0o4000
+
+
+@pytest.mark.skipif(shutil.which("sudo") is None, reason="sudo is not installed on this host")
+def test_sudo_lifts_user_to_guest_root_and_no_further(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    result = run(
+        runtime, sandbox_id, ["sudo", "-n", "sh", "-c", "id -u; touch /root/by-sudo"], user="user"
+    )
+    assert result.exit_code == 0 and result.stdout == b"0\n", result
+    upper = runtime.root / "sandboxes" / sandbox_id / "upper"
+    assert os.stat(upper / "root/by-sudo").st_uid == id_base(runtime, sandbox_id)
+    # What guest root cannot do, sudo cannot either.
+    result = run(runtime, sandbox_id, ["sudo", "-n", "unshare", "-U", "true"], user="user")
+    assert result.exit_code != 0
+
+
+def test_per_uid_kernel_limits_are_per_sandbox(
+    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+) -> None:
+    a, b = new_sandbox_id(), new_sandbox_id()
+    runtime.create(SandboxSpec(a, "base"))
+    runtime.create(SandboxSpec(b, "base"))
+    limit = int(open("/proc/sys/fs/inotify/max_user_instances").read())
+    hog = (
+        "import ctypes, sys, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        f"fds = [libc.inotify_init() for _ in range({limit} + 8)]\n"
+        "print(sum(fd >= 0 for fd in fds), flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = runtime.start_process(a, ProcessSpec(("python3", "-c", hog), user="user", timeout=30))
+    try:
+        stream, data = next(iter(proc.output()))
+        assert int(data) <= limit  # sandbox A's user took every instance it may have
+        probe = "import ctypes; print(ctypes.CDLL(None).inotify_init() >= 0)"
+        assert ok(runtime, b, f'python3 -c "{probe}"', user="user").strip() == "True"
+    finally:
+        proc.send_signal(9)
+        proc.close()
