@@ -46,10 +46,11 @@ def test_two_live_sandboxes_never_share_an_id_and_a_kill_frees_the_range(
     runtime.create(SandboxSpec(b, "base"))
     base_a, base_b = id_base(runtime, a), id_base(runtime, b)
     assert abs(base_a - base_b) >= 65536
-    held = {p.read_text() for p in (runtime.root / "ids").iterdir()}
+    held = {p.read_text() for p in (runtime.root / "ids").iterdir() if p.name.isdigit()}
     assert {a, b} <= held
     runtime.kill(a)
-    assert a not in {p.read_text() for p in (runtime.root / "ids").iterdir()}
+    assert a not in {p.read_text() for p in (runtime.root / "ids").iterdir() if p.name.isdigit()}
+    assert not (runtime.root / "ids" / f"s-{a}").exists()
 
 
 def test_usr_stays_read_only_whatever_guest_root_tries(

@@ -74,8 +74,21 @@ def ensure_binary(root: Path) -> Path:
     return binary
 
 
+_filters: dict[Path, Path] = {}
+
+
 def ensure_seccomp(root: Path) -> Path:
-    """The guests' seccomp filter (see seccomp.py), compiled once per policy and helper."""
+    """The guests' seccomp filter (see seccomp.py), compiled once per policy and helper;
+    remembered per process (its inputs, the profile and the source, change only with a
+    deployment, which restarts the process)."""
+    known = _filters.get(root)
+    if known is not None and known.exists():
+        return known
+    _filters[root] = path = _compile_seccomp(root)
+    return path
+
+
+def _compile_seccomp(root: Path) -> Path:
     try:
         policy = "\n".join(seccomp.policy_lines()) + "\n"
     except seccomp.ProfileMissing as exc:

@@ -202,11 +202,10 @@ class LocalRuntime:
         id_base = self.layout.id_base_take(spec.sandbox_id)
         binds = [b for meta in chain for b in meta.get("host_binds", ())]
         # What the guest's root builds its file system in, owned by the guest's root (host
-        # id_base): the init turns into it before it mounts anything.
-        stages = [f"stage/l{i}" for i in range(len(chain))]
-        stages += [f"stage/b{i}" for i in range(len(binds))] + ["stage/empty"]
+        # id_base): the init works in it before it mounts anything (its staging mount
+        # points live in a tmpfs it makes on stage/).
         d.mkdir(mode=0o700, exist_ok=True)
-        for sub in ("upper", "work", "rootfs", "stage", *stages):
+        for sub in ("upper", "work", "rootfs", "stage"):
             (d / sub).mkdir(exist_ok=True)
             os.chown(d / sub, id_base, id_base)
         os.chown(d, id_base, id_base)

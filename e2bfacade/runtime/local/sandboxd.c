@@ -420,7 +420,18 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
         fail("userns", "become guest root: %s", strerror(errno));
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    /* Mount points for the layers, in memory: nothing to make or clean up on the disk. */
+    mount_or_fail("tmpfs", "stage", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=700");
     char opts[REQ_MAX], stage[64];
+    for (int i = 0; i < nlower; i++) {
+        snprintf(stage, sizeof stage, "stage/l%d", i);
+        if (mkdir(stage, 0700) != 0) fail("stage", "%s: %s", stage, strerror(errno));
+    }
+    for (int i = 0; i < r->nbinds; i++) {
+        snprintf(stage, sizeof stage, "stage/b%d", i);
+        if (mkdir(stage, 0700) != 0) fail("stage", "%s: %s", stage, strerror(errno));
+    }
+    if (mkdir("stage/empty", 0700) != 0) fail("stage", "empty: %s", strerror(errno));
     size_t off = (size_t)snprintf(opts, sizeof opts, "lowerdir=");
     for (int i = 0; i < nlower; i++) {
         snprintf(stage, sizeof stage, "stage/l%d", i);

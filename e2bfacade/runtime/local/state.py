@@ -89,7 +89,8 @@ class Layout:
         """A free id range for ``sandbox_id`` (or the one it already holds); its base.
 
         A slot is a file made with O_EXCL, so two creators never take the same one; the
-        search starts at a hash of the id, so creates rarely meet."""
+        search starts at a hash of the id, so creates rarely meet. ``ids/<sandbox id>``
+        (a symlink to the slot's number) finds it again. Caller holds the id's lock."""
         held = self.id_base_of(sandbox_id)
         if held is not None:
             return held
@@ -97,41 +98,34 @@ class Layout:
         for i in range(ID_SLOTS):
             slot = (start + i) % ID_SLOTS
             try:
-                fd = os.open(
-                    self.root / "ids" / str(slot), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-                )
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                fd = os.open(self.root / "ids" / str(slot), flags, 0o600)
             except FileExistsError:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(sandbox_id)
+            os.symlink(str(slot), self.root / "ids" / f"s-{sandbox_id}")
             return ID_FIRST_BASE + slot * ID_RANGE
         raise OSError(errno.ENOSPC, f"all {ID_SLOTS} id ranges are taken")
 
     def id_base_of(self, sandbox_id: str) -> int | None:
-        for slot in self._slots_of(sandbox_id):
-            return ID_FIRST_BASE + slot * ID_RANGE
-        return None
+        slot = self._slot_of(sandbox_id)
+        return None if slot is None else ID_FIRST_BASE + slot * ID_RANGE
 
     def id_base_free(self, sandbox_id: str) -> None:
         """Give back the sandbox's range: only once none of its processes is left."""
-        for slot in self._slots_of(sandbox_id):
+        slot = self._slot_of(sandbox_id)
+        if slot is not None:
             (self.root / "ids" / str(slot)).unlink(missing_ok=True)
+        (self.root / "ids" / f"s-{sandbox_id}").unlink(missing_ok=True)
 
-    def _slots_of(self, sandbox_id: str) -> list[int]:
-        # The slot near the id's hash first: that is where id_base_take put it, mostly.
-        start = zlib.crc32(sandbox_id.encode()) % ID_SLOTS
-        names = sorted(
-            (p for p in (self.root / "ids").iterdir() if p.name.isdigit()),
-            key=lambda p: (int(p.name) - start) % ID_SLOTS,
-        )
-        found = []
-        for p in names:
-            try:
-                if p.read_text() == sandbox_id:
-                    found.append(int(p.name))
-            except FileNotFoundError:
-                continue
-        return found
+    def _slot_of(self, sandbox_id: str) -> int | None:
+        try:
+            slot = int(os.readlink(self.root / "ids" / f"s-{sandbox_id}"))
+            holder = (self.root / "ids" / str(slot)).read_text()
+        except (FileNotFoundError, ValueError):
+            return None
+        return slot if holder == sandbox_id else None
 
     @contextlib.contextmanager
     def locked(self, kind: str, ident: str, blocking: bool = True) -> Iterator[bool]:
