@@ -123,7 +123,7 @@ def test_endless_output_is_capped_and_the_host_does_not_grow(
     assert grown_kib < 64 * 1024, f"the host process grew by {grown_kib} KiB"
 
 
-def test_a_grandchild_holding_the_output_does_not_hold_the_host(
+def test_a_lifetime_kills_the_whole_tree_and_a_grandchild_never_holds_the_host(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
@@ -136,6 +136,8 @@ def test_a_grandchild_holding_the_output_does_not_hold_the_host(
     )
     assert result.stdout == b"started\n" and result.signal == 9
     assert time.monotonic() - started < 10
+    # The lifetime took the whole tree: the grandchild that left the group is gone too.
+    assert "sleep 300" not in ok(runtime, sandbox_id, "ps -e -o args=")
 
 
 def test_operations_on_a_killed_sandbox_say_it_is_gone(

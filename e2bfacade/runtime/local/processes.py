@@ -1,7 +1,8 @@
 """Processes inside a local sandbox, run through ``sandboxd exec`` (see sandboxd.c): it
-joins the sandbox's cgroups and namespaces, drops the init's capabilities, switches to the
-guest user and execs the command, forwarding signals to its process group and killing that
-group when the process's lifetime ends. It reports the command's pids and its wait status
+joins the sandbox's cgroups and namespaces, applies the guests' seccomp filter, drops the
+init's capabilities and starts the command under a shepherd inside the guest that is the
+subreaper of everything the command starts, forwards signals to its process group, and
+kills the whole tree when the process's lifetime ends. It reports the command's pids and its wait status
 on a pipe of its own, so the host knows when the command itself ended even while a
 background child still holds its output open.
 """

@@ -15,13 +15,16 @@
  *
  *   sandboxd exec INIT_PID CGROUP_PROCS[,CGROUP_PROCS...] UID GID CWD OPTIONS -- ARGV...
  *       Runs ARGV inside the sandbox whose init is INIT_PID: joins its cgroups and
- *       namespaces, drops the same capabilities as the init, and waits, exiting with the
- *       command's status (128 + signal when killed). stdio is passed through; the
+ *       namespaces (the user namespace first), applies the guests' seccomp filter, drops the
+ *       same capabilities as the init, and forks a shepherd inside the guest that runs ARGV
+ *       as its child and is the subreaper of everything ARGV starts; waits, and exits with
+ *       the command's status (128 + signal when killed). stdio is passed through; the
  *       environment is exactly the one this helper was given. OPTIONS is "-" or a
  *       comma-separated list of:
  *         pty          stdin is a terminal: the command gets a new session with it as its
  *                      controlling terminal (else it gets a new process group)
- *         lifetime=MS  SIGKILL the command's process group after MS milliseconds
+ *         lifetime=MS  after MS milliseconds SIGKILL the command and everything it started
+ *                      (this helper is their subreaper, so none escapes by setsid)
  *         seccomp=PATH the guests' seccomp filter (required)
  *         report=FD    write "pid HOSTPID GUESTPID\n" to FD once the command runs, and
  *                      "status WAITSTATUS\n" when it ends
@@ -855,12 +858,133 @@ static int serve(const char *sock_path) {
 static pid_t exec_child = -1;
 
 static void forward_signal(int sig) {
-    if (exec_child > 0) kill(-exec_child, sig); /* the command and what it started */
+    if (exec_child > 0) kill(exec_child, sig); /* the shepherd passes it to the command */
 }
+
+#define TREE_KILL (SIGRTMIN + 1)
 
 static void lifetime_over(int sig) {
     (void)sig;
-    if (exec_child > 0) kill(-exec_child, SIGKILL);
+    if (exec_child > 0) kill(exec_child, TREE_KILL);
+}
+
+/* ------------------------------------------------------------------ the shepherd */
+static volatile sig_atomic_t shepherd_command = 0, shepherd_kill = 0;
+
+static void shepherd_forward(int sig) {
+    if (shepherd_command > 0) kill(-shepherd_command, sig);
+}
+
+static void shepherd_tree_kill(int sig) {
+    (void)sig;
+    shepherd_kill = 1;
+    if (shepherd_command > 0) kill(-shepherd_command, SIGKILL);
+}
+
+/* Kill every descendant: each is our child or becomes one when its parent dies (we are
+ * their subreaper), whatever session or group it moved to. Bounded: 2 s. */
+static void kill_tree(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)syscall(SYS_gettid));
+    for (int round = 0; round < 400; round++) {
+        char buf[8192];
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0) close(fd);
+        int any = 0;
+        if (n > 0) {
+            buf[n] = 0;
+            for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n")) {
+                pid_t pid = (pid_t)strtol(tok, NULL, 10);
+                if (pid > 0) {
+                    kill(-pid, SIGKILL);
+                    kill(pid, SIGKILL);
+                    any = 1;
+                }
+            }
+        }
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        if (!any) return;
+        usleep(5000);
+    }
+}
+
+static void __attribute__((noreturn)) shepherd(int pidpipe[2], int use_pty, uid_t uid, gid_t gid,
+                                               const char *cwd, char **cmd, int report_to) {
+    if (report_to >= 0) close(report_to);
+    /* Guest root (not host root, which we still are after joining the user namespace), not
+     * dumpable, and named for what it is in the guest's process list. */
+    if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) _exit(125);
+    prctl(PR_SET_DUMPABLE, 0);
+    /* Our command line names host paths (this binary, cgroups): keep copies of what we
+     * still need, then overwrite it. */
+    size_t ncmd = 0;
+    while (cmd[ncmd]) ncmd++;
+    char **copy = calloc(ncmd + 1, sizeof *copy);
+    if (!copy) _exit(125);
+    for (size_t i = 0; i < ncmd; i++)
+        if (!(copy[i] = strdup(cmd[i]))) _exit(125);
+    cmd = copy;
+    cwd = strdup(cwd);
+    if (!cwd) _exit(125);
+    prctl(PR_SET_NAME, "e2b-exec");
+    set_title("e2b-exec");
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the helper gone: so is the command's tree */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) _exit(125);
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old); /* no signal before the command's pid is known */
+    const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        signal(forwarded[i], shepherd_forward);
+    signal(TREE_KILL, shepherd_tree_kill);
+    pid_t command = fork();
+    if (command < 0) _exit(125);
+    if (command == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+            signal(forwarded[i], SIG_DFL);
+        signal(TREE_KILL, SIG_DFL);
+        close(pidpipe[0]);
+        dprintf(pidpipe[1], "%d", getpid());
+        close(pidpipe[1]);
+        if (use_pty) {
+            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
+                fprintf(stderr, "sandboxd exec: controlling terminal: %s\n", strerror(errno));
+                _exit(125);
+            }
+        } else {
+            setpgid(0, 0);
+        }
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+            fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
+            _exit(125);
+        }
+        /* After setuid (which clears it): if the shepherd is killed, the command dies too. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
+        execvp(cmd[0], cmd);
+        fprintf(stderr, "sandboxd exec: %s: %s\n", cmd[0], strerror(errno));
+        _exit(127);
+    }
+    if (!use_pty) setpgid(command, command); /* no race with the command's own setpgid */
+    close(pidpipe[0]);
+    close(pidpipe[1]);
+    shepherd_command = command;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int status;
+    while (waitpid(command, &status, 0) < 0) {
+        if (errno != EINTR) _exit(125);
+    }
+    if (shepherd_kill) kill_tree();
+    /* End as the command did, so the helper reports its status. */
+    if (WIFSIGNALED(status)) {
+        signal(WTERMSIG(status), SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        raise(WTERMSIG(status));
+        _exit(128 + WTERMSIG(status));
+    }
+    _exit(WEXITSTATUS(status));
 }
 
 static int run_exec(int argc, char **argv) {
@@ -890,6 +1014,12 @@ static int run_exec(int argc, char **argv) {
         }
     }
 
+    /* The host's /proc, for the command's host pid once it runs (see below). */
+    int host_proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (host_proc < 0) {
+        perror("sandboxd exec: /proc");
+        return 125;
+    }
     /* Read now: the path is the host's, gone once we enter the guest's mount namespace. */
     if (!seccomp_path || read_seccomp(seccomp_path) != 0) {
         fprintf(stderr, "sandboxd exec: seccomp %s: %s\n", seccomp_path ? seccomp_path : "(none)",
@@ -945,45 +1075,23 @@ static int run_exec(int argc, char **argv) {
         fprintf(stderr, "sandboxd exec: drop capabilities: %s\n", strerror(errno));
         return 125;
     }
-    /* The child tells us its pid as its own pid namespace numbers it (our /proc is the
-     * guest's by now, where our host view of the child's pid means nothing). */
+    /* The command's pid as its own pid namespace numbers it comes back on this pipe (our
+     * /proc is the guest's by now, where our host view of a pid means nothing). */
     int pidpipe[2];
     if (pipe2(pidpipe, O_CLOEXEC) != 0) {
         perror("sandboxd exec: pipe");
         return 125;
     }
-    /* The pid namespace applies to children only: fork so the command runs inside it. */
+    /* The pid namespace applies to children only: fork so the command runs inside it. The
+     * child is the command's shepherd, inside the guest: its subreaper, so whatever the
+     * command starts stays under it even after a setsid, and the lifetime's end takes the
+     * whole tree (a subreaper outside the pid namespace, as we are, would not be asked). */
     pid_t child = fork();
     if (child < 0) {
         perror("sandboxd exec: fork");
         return 125;
     }
-    if (child == 0) {
-        if (report_to >= 0) close(report_to);
-        close(pidpipe[0]);
-        dprintf(pidpipe[1], "%d", getpid());
-        close(pidpipe[1]);
-        if (use_pty) {
-            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
-                fprintf(stderr, "sandboxd exec: controlling terminal: %s\n", strerror(errno));
-                _exit(125);
-            }
-        } else {
-            setpgid(0, 0);
-        }
-        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
-            fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
-            _exit(125);
-        }
-        /* After setuid (which clears it): if this helper is SIGKILLed, the command dies too. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
-        execvp(argv[9], argv + 9);
-        fprintf(stderr, "sandboxd exec: %s: %s\n", argv[9], strerror(errno));
-        _exit(127);
-    }
-    /* Forward termination to the command so a caller's signal ends it. */
-    if (!use_pty) setpgid(child, child); /* also here: no race with the child's own setpgid */
+    if (child == 0) shepherd(pidpipe, use_pty, uid, gid, cwd, argv + 9, report_to);
     exec_child = child;
     const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
@@ -999,7 +1107,17 @@ static int run_exec(int argc, char **argv) {
     while ((got = read(pidpipe[0], gpid, sizeof gpid - 1)) < 0 && errno == EINTR) {}
     if (got > 0) gpid[got] = 0;
     close(pidpipe[0]);
-    if (report_to >= 0) dprintf(report_to, "pid %d %s\n", child, gpid);
+    /* The command is the shepherd's child: its host pid, from the host's /proc. */
+    long command_host_pid = -1;
+    char kids[64], list[256] = {0};
+    snprintf(kids, sizeof kids, "%d/task/%d/children", child, child);
+    int kfd = openat(host_proc, kids, O_RDONLY | O_CLOEXEC);
+    if (kfd >= 0) {
+        if (read(kfd, list, sizeof list - 1) > 0) command_host_pid = strtol(list, NULL, 10);
+        close(kfd);
+    }
+    close(host_proc);
+    if (report_to >= 0) dprintf(report_to, "pid %ld %s\n", command_host_pid, gpid);
     int status;
     while (waitpid(child, &status, 0) < 0) {
         if (errno != EINTR) return 125;
