@@ -2,9 +2,9 @@
 joins the sandbox's cgroups and namespaces, applies the guests' seccomp filter, drops the
 init's capabilities and starts the command under a shepherd inside the guest that is the
 subreaper of everything the command starts, forwards signals to its process group, and
-kills the whole tree when the process's lifetime ends. It reports the command's pids and its wait status
-on a pipe of its own, so the host knows when the command itself ended even while a
-background child still holds its output open.
+kills the whole tree when the process's lifetime ends. It reports the command's pids and
+its wait status on a pipe of its own, so the host knows when the command itself ended even
+while a background child still holds its output open.
 """
 
 from __future__ import annotations
