@@ -21,13 +21,20 @@ from django.core.exceptions import ImproperlyConfigured
 from e2bfacade.startup import ENCRYPTION_KEY_REFUSED, is_insecure_secret_key
 
 
+def derived_key(secret: str) -> str:
+    """The Fernet key used when IDEMPOTENCY_ENCRYPTION_KEYS is unset: derived from
+    ``secret`` (a real SECRET_KEY). Printed by ``manage.py derived_encryption_key`` so an
+    operator changing SECRET_KEY can keep the old one readable while rotating."""
+    digest = hashlib.sha256(b"e2bfacade.idempotency:" + secret.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
 @functools.cache
 def _fernet(keys: tuple[str, ...], secret: str) -> MultiFernet:
     if not keys:
         if is_insecure_secret_key(secret):
             raise ImproperlyConfigured(ENCRYPTION_KEY_REFUSED)
-        derived = hashlib.sha256(b"e2bfacade.idempotency:" + secret.encode()).digest()
-        keys = (base64.urlsafe_b64encode(derived).decode(),)
+        keys = (derived_key(secret),)
     try:
         return MultiFernet([Fernet(k) for k in keys])
     except (ValueError, TypeError) as exc:

@@ -161,3 +161,19 @@ def test_rotation_re_encrypts_a_record_that_is_locked_at_that_moment(settings: A
         "rotate_idempotency_keys skipped the record that was row-locked while it ran "
         f"(pk {busy.pk}); dropping the old key now would make it unreadable"
     )
+
+
+def test_the_derived_key_printed_before_a_secret_change_keeps_old_bodies_readable(
+    settings: Any,
+) -> None:
+    settings.IDEMPOTENCY_ENCRYPTION_KEYS = []
+    settings.SECRET_KEY = "the-old-secret-" + "x" * 40
+    token = crypto.encrypt(b"stored before the change")
+    out = io.StringIO()
+    call_command("derived_encryption_key", stdout=out)
+    old = out.getvalue().strip()
+    settings.SECRET_KEY = "the-new-secret-" + "y" * 40
+    with pytest.raises(ImproperlyConfigured):
+        crypto.decrypt(token)  # the new secret's derived key cannot open it
+    settings.IDEMPOTENCY_ENCRYPTION_KEYS = [Fernet.generate_key().decode(), old]
+    assert crypto.decrypt(token) == b"stored before the change"
