@@ -9,9 +9,11 @@ it: keeping the value type below them lets the edge import the algorithm, never 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from rest_framework.renderers import JSONRenderer
 
@@ -19,6 +21,7 @@ from e2bfacade.errors import ApiError, error_body
 from idempotency import crypto
 from idempotency.models import IdempotencyRecord
 
+logger = logging.getLogger(__name__)
 CONTENT_TYPE = "application/json"
 REPLAY_HEADER = "Idempotent-Replayed"
 
@@ -53,11 +56,24 @@ def error_result(exc: ApiError) -> Result:
 
 
 def stored_result(record: IdempotencyRecord) -> Result:
-    """The completed record's stored answer, as a replay (caller checked it is completed)."""
+    """The completed record's stored answer, as a replay (caller checked it is completed).
+    A body no configured key can open (its key was dropped, or SECRET_KEY changed under a
+    derived key) answers 503 ``idempotency_record_unreadable``: an operator's fault, said
+    as such, never a 500 and never a second execution."""
     assert record.response_status is not None and record.response_body_encrypted is not None
-    return Result(
-        record.response_status,
-        crypto.decrypt(record.response_body_encrypted),
-        record.response_content_type,
-        replayed=True,
-    )
+    try:
+        body = crypto.decrypt(record.response_body_encrypted)
+    except ImproperlyConfigured:
+        logger.error(
+            "idempotency: record %s cannot be decrypted with the configured keys", record.pk
+        )
+        return error_result(
+            ApiError(
+                "the stored answer for this Idempotency-Key cannot be decrypted: its key is no "
+                "longer in IDEMPOTENCY_ENCRYPTION_KEYS; retry with a new key",
+                status=503,
+                error_code="idempotency_record_unreadable",
+                headers={"Should-Retry": "false"},
+            )
+        )
+    return Result(record.response_status, body, record.response_content_type, replayed=True)

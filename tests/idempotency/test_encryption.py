@@ -15,6 +15,7 @@ from django.db import connection, connections, transaction
 
 from idempotency import crypto
 from idempotency.models import IdempotencyRecord
+from sandboxes.models import Sandbox
 from tests.idempotency.conftest import PostFn
 from tests.idempotency.factories import IdempotencyRecordFactory
 
@@ -106,6 +107,13 @@ def test_without_rotation_dropping_the_old_key_makes_records_unreadable(
     settings.IDEMPOTENCY_ENCRYPTION_KEYS = [new]  # the step the rotation command exists for
     with pytest.raises(ImproperlyConfigured, match="IDEMPOTENCY_ENCRYPTION_KEYS"):
         crypto.decrypt(raw_columns(key)[1])
+    # A replay then says what is wrong, as an error the SDK can show; it never runs the
+    # request a second time.
+    replay = post(BODY, key)
+    assert replay.status_code == 503
+    assert replay.json()["error_code"] == "idempotency_record_unreadable"
+    assert replay["Should-Retry"] == "false"
+    assert Sandbox.objects.count() == 1
 
 
 @postgres_only
