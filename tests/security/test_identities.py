@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Callable
 
 import pytest
@@ -108,3 +109,13 @@ def test_per_uid_kernel_limits_are_per_sandbox(
     finally:
         proc.send_signal(9)
         proc.close()
+
+
+def test_the_state_directory_is_root_only(runtime: LocalRuntime) -> None:
+    # No other host account may read a layer or hold a lock file to stall the runtime.
+    for path in (
+        runtime.root,
+        *(runtime.root / d for d in ("images", "sandboxes", "locks", "ids")),
+    ):
+        st = os.stat(path)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700), path
