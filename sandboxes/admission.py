@@ -31,6 +31,8 @@ from templates.services import template_fits
 
 
 def host_capacity() -> Capacity:
+    """What the host can give sandboxes: held in memory by the runtime once it is built
+    (callers build it before they open a transaction: no runtime work inside one)."""
     try:
         return get_runtime().capacity()
     except SandboxRuntimeError as exc:

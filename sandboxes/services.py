@@ -27,7 +27,7 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.sandbox_runtime import get_runtime
-from sandboxes.admission import sandbox_admit
+from sandboxes.admission import host_capacity, sandbox_admit
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
@@ -169,6 +169,7 @@ def sandbox_create(*, team: Team, request: CreateRequest, sandbox_id: str | None
             Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
         )
     if sandbox is None:
+        host_capacity()  # builds the runtime, if this process has none yet, outside the tx
         with transaction.atomic():
             sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
     if sandbox.state == State.CREATING:

@@ -15,6 +15,7 @@ from e2bfacade.requests import body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
+from sandboxes.admission import host_capacity
 from sandboxes.serializers import (
     ConnectSerializer,
     ListedSandboxSerializer,
@@ -39,6 +40,9 @@ class SandboxViewSet(viewsets.ViewSet):
     ) -> Any:
         serializer = serializer_class(data=body(request))
         serializer.is_valid(raise_exception=True)
+        # Admission reads the host's capacity inside the reserve transaction; the first read
+        # in a process builds the runtime (disk, cgroups): do that here, outside it.
+        host_capacity()
         return idempotency.run(
             request, team=team_of(request), route=route, params={}, body=serializer.canonical()
         )
