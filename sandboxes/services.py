@@ -121,6 +121,7 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                 cpu_count=sandbox.cpu_count,
                 memory_mb=sandbox.memory_mb,
                 pids_max=template.pids_max,
+                disk_mb=sandbox.disk_size_mb,
                 env_vars=sandbox.env_vars,
                 envd_access_token=sandbox.envd_access_token,
                 network=NetworkPolicy(allow_internet=sandbox.allow_internet_access),

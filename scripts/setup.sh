@@ -14,8 +14,9 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # libseccomp-dev: it links libseccomp (static) to build the guests' seccomp filter from the
 # Docker-derived default profile in golang-github-containers-common
 # (/usr/share/containers/seccomp.json); sudo: the base template shows the host's /usr, and
-# its default user has passwordless sudo to guest root, as in E2B's templates.
-packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo)
+# its default user has passwordless sudo to guest root, as in E2B's templates;
+# e2fsprogs: each sandbox's disk is an ext4 image made with mkfs.ext4.
+packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

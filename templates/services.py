@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import BUILTIN_IMAGE, Capacity, ImageInUse, check_id
+from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template, new_template_id
 
@@ -50,6 +50,11 @@ def template_fits(
                 f"template '{name}' asks for {asked} {what}; this host can give a sandbox "
                 f"at most {has}"
             )
+    if disk_size_mb < MIN_DISK_MB:
+        raise BadRequest(
+            f"template '{name}' asks for {disk_size_mb} MiB of disk; a sandbox's disk is at "
+            f"least {MIN_DISK_MB} MiB"
+        )
 
 
 def template_import(

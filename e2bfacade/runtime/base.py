@@ -125,6 +125,8 @@ class NetworkPolicy:
 
 
 DEFAULT_USER = "user"
+# The smallest disk a sandbox may be given, MiB (a file system needs some for itself).
+MIN_DISK_MB = 16
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class SandboxSpec:
     cpu_count: int = 2
     memory_mb: int = 512
     pids_max: int = 1024
+    disk_mb: int = 1024  # the writable layer's size, bytes and inodes within it
     hostname: str = ""
     env_vars: Mapping[str, str] = field(default_factory=dict)
     default_user: str = DEFAULT_USER

@@ -46,6 +46,7 @@ def make_runtime(prefix: str = "e2bt-", **options: Any) -> LocalRuntime:
 
 def destroy_runtime(rt: LocalRuntime) -> None:
     """Kill every sandbox of ``rt``, its daemons and groups, and delete its root."""
+    rt.discard_spares()
     sandboxes = rt.root / "sandboxes"
     ids = {p.name for p in sandboxes.iterdir() if not p.name.startswith(".")}
     for sid in ids | rt.cgroups.list_ids():

@@ -144,6 +144,17 @@ def any_daemon_pids(root: Path) -> list[int]:
     return [p for p in host_pids() if any(prefix in arg for arg in cmdline(p))]
 
 
+def buried(rt: LocalRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:
+    """Wait until a killed sandbox's directory is gone (it goes in the background, a moment
+    after kill returns: the tomb ``.<id>.<random>.deleting``); without an id, every one."""
+
+    def gone() -> bool:
+        names = os.listdir(rt.root / "sandboxes")
+        return not [n for n in names if n.endswith(".deleting") and sandbox_id in n]
+
+    return wait_until(gone, timeout=timeout)
+
+
 def sigkill_and_reap(pid: int) -> None:
     """SIGKILL a process this test run started (directly or through the runtime) and reap
     it if it is our child, so no zombie of ours outlives the test."""

@@ -19,7 +19,7 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import cgroup_dirs, run
+from tests.runtime.helpers import buried, cgroup_dirs, run
 
 
 def import_tar(runtime: LocalRuntime, image: str, archive: Path) -> ImageInfo:
@@ -53,7 +53,9 @@ def add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
 
 
 def debris(runtime: LocalRuntime) -> tuple[set[str], set[str], set[str]]:
-    """Everything a refused call could have left behind: sandbox dirs, groups, images."""
+    """Everything a refused call could have left behind: sandbox dirs, groups, images
+    (once earlier tests' killed sandboxes are gone)."""
+    assert buried(runtime)
     return (
         set(os.listdir(runtime.root / "sandboxes")),
         runtime.cgroups.list_ids(),

@@ -163,7 +163,7 @@ def test_host_users_cannot_run_guest_setuid_files_from_the_sandbox_root(
     # That file lands in the sandbox's upper dir on the host; a host user other than root
     # must not be able to reach it, or it is a root shell for every local account.
     ok(runtime, running, "cp /usr/bin/id /tmp/suid-id && chmod 4755 /tmp/suid-id")
-    planted = runtime.root / "sandboxes" / running / "upper" / "tmp" / "suid-id"
+    planted = runtime.root / "sandboxes" / running / "disk" / "upper" / "tmp" / "suid-id"
     assert planted.exists()
     try:
         proc = subprocess.run(

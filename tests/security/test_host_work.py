@@ -20,7 +20,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import ok, run
+from tests.runtime.helpers import buried, ok, run
 
 # Deeper than the host's descriptor limit and far beyond Python's recursion limit: a walk
 # that recursed, or held a descriptor per level, fails on it.
@@ -72,7 +72,7 @@ def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_complet
     assert runtime.kill(sandbox_id) is True
     assert time.monotonic() - started < 60
     assert not (runtime.root / "sandboxes" / sandbox_id).exists()
-    assert not [p for p in (runtime.root / "sandboxes").iterdir() if sandbox_id in p.name]
+    assert buried(runtime, sandbox_id, timeout=60)
     runtime.delete_image(snap)
     assert not [p for p in (runtime.root / "images").iterdir() if snap in p.name]
 

@@ -31,7 +31,7 @@ def test_guest_root_and_user_are_unprivileged_host_ids(
     assert os.stat(f"/proc/{info.init_pid}").st_uid == base  # the init, as the host sees it
     assert ok(runtime, sandbox_id, "id -u; touch /root/by-root").split() == ["0"]
     ok(runtime, sandbox_id, "touch /home/user/by-user", user="user")
-    upper = runtime.root / "sandboxes" / sandbox_id / "upper"
+    upper = runtime.root / "sandboxes" / sandbox_id / "disk" / "upper"
     assert os.stat(upper / "root/by-root").st_uid == base
     assert os.stat(upper / "home/user/by-user").st_uid == base + 1000
     # Inside, the same files are guest root's and guest user's, and /usr is root's.
@@ -79,7 +79,7 @@ def test_sudo_lifts_user_to_guest_root_and_no_further(
         runtime, sandbox_id, ["sudo", "-n", "sh", "-c", "id -u; touch /root/by-sudo"], user="user"
     )
     assert result.exit_code == 0 and result.stdout == b"0\n", result
-    upper = runtime.root / "sandboxes" / sandbox_id / "upper"
+    upper = runtime.root / "sandboxes" / sandbox_id / "disk" / "upper"
     assert os.stat(upper / "root/by-sudo").st_uid == id_base(runtime, sandbox_id)
     # What guest root cannot do, sudo cannot either.
     result = run(runtime, sandbox_id, ["sudo", "-n", "unshare", "-U", "true"], user="user")

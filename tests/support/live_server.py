@@ -159,6 +159,7 @@ def _reap(root: Path) -> None:
 
     runtime = LocalRuntime(root)
     kill_all_sandboxes(runtime)
+    runtime.discard_spares()
     # End the daemons of this root only, found by their path or by the socket path on their
     # command line, whatever they call themselves.
     bin_prefix = str(root / "bin").encode() + b"/"

@@ -15,6 +15,8 @@ from pathlib import Path
 from e2bfacade.runtime.base import RuntimeBusy, RuntimeUnavailable
 
 CPU_PERIOD_US = 100_000
+# Groups made ahead of a create, holding a parked launcher (spares.py); never a sandbox id.
+SPARE_PREFIX = "spare-"
 
 
 def _read(path: Path) -> str:
@@ -65,6 +67,25 @@ class Cgroups:
     def create(self, sandbox_id: str, *, cpu_count: int, memory_mb: int, pids_max: int) -> None:
         raise NotImplementedError
 
+    def make_group(self, name: str) -> None:
+        """An empty group without limits of its own (a spare: see spares.py)."""
+        raise NotImplementedError
+
+    def adopt(self, spare: str, sandbox_id: str) -> bool:
+        """Rename the spare group to the sandbox's id (limits are written by create()).
+        False when that cannot be done (the spare was swept meanwhile)."""
+        raise NotImplementedError
+
+    def spare_groups(self) -> list[str]:
+        return sorted(n for n in self._names() if n.startswith(SPARE_PREFIX))
+
+    def list_ids(self) -> set[str]:
+        """Every sandbox's group (spare groups are not sandboxes)."""
+        return {n for n in self._names() if not n.startswith(SPARE_PREFIX)}
+
+    def _names(self) -> set[str]:
+        raise NotImplementedError
+
     def procs_files(self, sandbox_id: str) -> list[str]:
         raise NotImplementedError
 
@@ -91,9 +112,6 @@ class Cgroups:
         raise NotImplementedError
 
     def remove(self, sandbox_id: str) -> None:
-        raise NotImplementedError
-
-    def list_ids(self) -> set[str]:
         raise NotImplementedError
 
     def stats(self, sandbox_id: str) -> tuple[int, int, int, int]:
@@ -175,6 +193,20 @@ class CgroupsV1(Cgroups):
             _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(dirs["cpu"] / "cpu.cfs_quota_us", str(cpu_count * CPU_PERIOD_US))
 
+    def make_group(self, name: str) -> None:
+        for d in self._dirs(name).values():
+            d.mkdir(exist_ok=True)
+
+    def adopt(self, spare: str, sandbox_id: str) -> bool:
+        # cpu and cpuacct may be one hierarchy: rename each directory once.
+        pairs = {str(d): (d, self._dirs(sandbox_id)[c]) for c, d in self._dirs(spare).items()}
+        try:
+            for src, dst in pairs.values():
+                os.rename(src, dst)
+        except OSError:
+            return False
+        return True
+
     def procs_files(self, sandbox_id: str) -> list[str]:
         return [str(d / "cgroup.procs") for d in self._dirs(sandbox_id).values()]
 
@@ -218,7 +250,7 @@ class CgroupsV1(Cgroups):
         for d in self._dirs(sandbox_id).values():
             self._rmdir(d)
 
-    def list_ids(self) -> set[str]:
+    def _names(self) -> set[str]:
         ids: set[str] = set()
         for root in self.roots.values():
             ids |= {p.name for p in root.iterdir() if p.is_dir()}
@@ -272,6 +304,12 @@ class CgroupsV2(Cgroups):
         if (d / "cpu.max").exists():
             _write(d / "cpu.max", f"{cpu_count * CPU_PERIOD_US} {CPU_PERIOD_US}")
 
+    def make_group(self, name: str) -> None:
+        self._dir(name).mkdir(exist_ok=True)
+
+    def adopt(self, spare: str, sandbox_id: str) -> bool:
+        return False  # cgroup v2 cannot rename a group (spares are not used on v2)
+
     def procs_files(self, sandbox_id: str) -> list[str]:
         return [str(self._dir(sandbox_id) / "cgroup.procs")]
 
@@ -319,7 +357,7 @@ class CgroupsV2(Cgroups):
     def remove(self, sandbox_id: str) -> None:
         self._rmdir(self._dir(sandbox_id))
 
-    def list_ids(self) -> set[str]:
+    def _names(self) -> set[str]:
         return {p.name for p in self.root.iterdir() if p.is_dir()}
 
     def stats(self, sandbox_id: str) -> tuple[int, int, int, int]:

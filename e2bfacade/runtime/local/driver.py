@@ -12,10 +12,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import logging
 import os
 import re
+import secrets
+import select
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -42,14 +46,18 @@ from e2bfacade.runtime.base import (
     SandboxState,
     check_id,
 )
-from e2bfacade.runtime.local import build, trees
+from e2bfacade.runtime.local import build, disks, trees
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
+from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
 from e2bfacade.runtime.local.processes import LocalProcess, process_env
+from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
+DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
+log = logging.getLogger(__name__)
 HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -61,7 +69,9 @@ class LocalSandboxInfo(SandboxInfo):
 
 class LocalRuntime:
     name = "local"
-    capabilities = frozenset({Capability.PROCESSES, Capability.PTY, Capability.FILES})
+    capabilities = frozenset(
+        {Capability.PROCESSES, Capability.PTY, Capability.FILES, Capability.DISK_QUOTA}
+    )
 
     def __init__(
         self,
@@ -70,6 +80,7 @@ class LocalRuntime:
         *,
         snapshot_max_bytes: int = DEFAULT_SNAPSHOT_MAX_BYTES,
         host_reserve_mb: int | None = None,
+        spares: int = 2,
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -93,6 +104,13 @@ class LocalRuntime:
         self.cgroups.set_total(
             memory_bytes=self._capacity.memory_mb << 20, pids_max=self._capacity.pids
         )
+        # Work a create would otherwise wait for, done ahead in the background: launchers
+        # already in their groups (spares.py) and formatted disks (disks.DiskPool), up to
+        # ``spares`` of each (0: none; every create then does it all itself).
+        self.spares = Spares(self.layout, self.cgroups, lambda: build.ensure_daemon(root), spares)
+        self.disk_pool = DiskPool(self.layout, spares)
+        self._pool_sizes: dict[int, None] = {DEFAULT_DISK_MB: None}  # most recent last
+        self._refilling = threading.Lock()
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:
@@ -159,6 +177,7 @@ class LocalRuntime:
             ("cpu_count", spec.cpu_count, 1, cap.cpus),
             ("memory_mb", spec.memory_mb, 16, cap.memory_mb),
             ("pids_max", spec.pids_max, 8, cap.pids),
+            ("disk_mb", spec.disk_mb, disks.MIN_DISK_MB, cap.disk_mb),
         ):
             if not low <= value <= high:
                 raise CreateRefused(f"{name} must be between {low} and {high}, got {value}")
@@ -196,6 +215,10 @@ class LocalRuntime:
                 if isinstance(exc, OSError):
                     raise CreateRefused(f"cannot create sandbox {spec.sandbox_id}: {exc}") from exc
                 raise
+            finally:
+                # After, not during: parking a launcher holds the kernel's cgroup lock
+                # through a migration, which the rename of this create's groups would wait on.
+                self.replenish(spec.disk_mb)
 
     def _start(self, spec: SandboxSpec, chain: builtins.list[dict[str, Any]]) -> LocalSandboxInfo:
         d = self.layout.sandbox_dir(spec.sandbox_id)
@@ -205,10 +228,19 @@ class LocalRuntime:
         # id_base): the init works in it before it mounts anything (its staging mount
         # points live in a tmpfs it makes on stage/).
         d.mkdir(mode=0o700, exist_ok=True)
-        for sub in ("upper", "work", "rootfs", "stage"):
+        for sub in ("rootfs", "stage"):
             (d / sub).mkdir(exist_ok=True)
             os.chown(d / sub, id_base, id_base)
         os.chown(d, id_base, id_base)
+        # The writable layer, disk/upper, on a file system of its own (disks.py).
+        if not self.disk_pool.claim(d, spec.disk_mb, owner=id_base):
+            disks.attach(d, spec.disk_mb, owner=id_base)
+        # A launcher already in groups that become the sandbox's (spares.py), or one that
+        # joins them itself (and waits for the kernel, on a quiet host).
+        launcher = self.spares.claim(d)
+        spare = Spares.group_of(launcher) if launcher is not None else None
+        if spare is not None and not self.cgroups.adopt(spare, spec.sandbox_id):
+            launcher = None
         self.cgroups.create(
             spec.sandbox_id,
             cpu_count=spec.cpu_count,
@@ -218,17 +250,21 @@ class LocalRuntime:
         request = [
             f"rootfs={d / 'rootfs'}",
             "lower=" + ":".join(str(self.layout.image_dir(m["id"]) / "rootfs") for m in chain),
-            f"upper={d / 'upper'}",
-            f"work={d / 'work'}",
             f"hostname={spec.hostname or spec.sandbox_id}",
             f"seccomp={build.ensure_seccomp(self.root)}",
             f"dir={d}",
             f"idbase={id_base}",
-            *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
-            *(f"leave={p}" for p in self.cgroups.root_procs_files()),
             *(f"bind={b}:{b}" for b in binds),
         ]
-        pid = self._daemon_create(request)
+        joins = [
+            *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
+            *(f"leave={p}" for p in self.cgroups.root_procs_files()),
+        ]
+        pid = None
+        if launcher is not None:
+            pid = self._spare_create(spec.sandbox_id, launcher, request)
+        if pid is None:
+            pid = self._daemon_create(request + joins)
         start = proc_starttime(pid)
         if start is None:
             raise CreateRefused(f"sandbox {spec.sandbox_id} exited right after it started")
@@ -240,6 +276,7 @@ class LocalRuntime:
             "cpu_count": spec.cpu_count,
             "memory_mb": spec.memory_mb,
             "pids_max": spec.pids_max,
+            "disk_mb": spec.disk_mb,
             "created_at": time.time(),
             "id_base": id_base,
             # What every process started in it gets (the directory is root-only, 0700).
@@ -250,25 +287,67 @@ class LocalRuntime:
         write_json(d / "state.json", state)  # the commit point: from here it exists
         return self._info(state)
 
-    def _daemon_create(self, request: builtins.list[str]) -> int:
+    @staticmethod
+    def _payload(request: builtins.list[str]) -> bytes:
         if any("\0" in item for item in request):  # NUL separates items on the wire
             raise CreateRefused("a launch parameter contains a NUL byte")
-        payload = b"".join(item.encode() + b"\0" for item in request) + b"\0"
+        return b"".join(item.encode() + b"\0" for item in request) + b"\0"
+
+    @staticmethod
+    def _reply(s: socket.socket) -> str:
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        return reply.decode(errors="replace").strip()
+
+    def _daemon_create(self, request: builtins.list[str]) -> int:
+        payload = self._payload(request)
         sock_path = build.ensure_daemon(self.root)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(30)
             s.connect(str(sock_path))
             s.sendall(payload)
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-        text = reply.decode(errors="replace").strip()
+            text = self._reply(s)
         if text.startswith("OK "):
             return int(text[3:])
         raise CreateRefused(f"sandbox launch failed: {text.removeprefix('ERR ') or 'no reply'}")
+
+    def _spare_create(
+        self, sandbox_id: str, launcher: Path, request: builtins.list[str]
+    ) -> int | None:
+        """Launch through a parked launcher; None when it is gone (the caller falls back)."""
+        payload = self._payload(request)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            try:
+                s.connect(str(launcher))
+                s.sendall(payload)
+                text = self._reply(s)
+            except OSError:
+                text = ""
+            if not text:
+                # Dead (a reboot, its daemon killed), perhaps halfway: whatever it started
+                # is in the sandbox's groups. End that and let the caller launch afresh.
+                self.cgroups.kill_all(sandbox_id)
+                if not self.cgroups.wait_empty(sandbox_id):
+                    raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
+                return None
+            if not text.startswith("OK "):
+                raise CreateRefused(
+                    f"sandbox launch failed: {text.removeprefix('ERR ') or 'no reply'}"
+                )
+            init, helper = (int(x) for x in text[3:].split())
+            # The launcher is in the sandbox's groups until it exits, which it does once we
+            # hang up: wait for that, so the init is the sandbox's only process on return.
+            pidfd = os.pidfd_open(helper)
+        try:
+            select.select([pidfd], [], [], 5.0)
+        finally:
+            os.close(pidfd)
+        return init
 
     def _destroy(self, sandbox_id: str) -> bool:
         """Kill every process of the sandbox and remove its groups and files. Caller holds
@@ -283,14 +362,16 @@ class LocalRuntime:
         # No process of the sandbox is left: its id range may go to the next one.
         self.layout.id_base_free(sandbox_id)
         if d.exists():
+            # A claimed launcher that never became the sandbox's (a crash between the
+            # claim and the groups' rename) still sits in its spare groups.
+            for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
+                self.spares.discard_group(Spares.group_of(claim))
             # Rename first: a crash halfway through never leaves a half-deleted sandbox dir
-            # that looks like a live one.
-            tomb = d.with_name(f".{sandbox_id}.{os.getpid()}.deleting")
+            # that looks like a live one. What is in it is no one's now, and goes in the
+            # background: the disk's unmount waits for an RCU grace period (about 2 ms).
+            tomb = d.with_name(f".{sandbox_id}.{secrets.token_hex(4)}.deleting")
             os.rename(d, tomb)
-            try:
-                trees.remove_tree(tomb)
-            except OSError:
-                pass  # the tomb is no sandbox: sweep() retries it
+            threading.Thread(target=_bury, args=(tomb,), name="e2bfacade-bury", daemon=True).start()
         return existed
 
     def status(self, sandbox_id: str) -> LocalSandboxInfo:
@@ -334,7 +415,7 @@ class LocalRuntime:
             info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
             if self.images.exists(image_id):
                 return self.images.info(image_id)
-            upper = self.layout.sandbox_dir(sandbox_id) / "upper"
+            upper = self.layout.sandbox_dir(sandbox_id) / disks.MOUNT / "upper"
 
             def make(tmp: Path) -> dict[str, Any]:
                 froze = info.state is SandboxState.RUNNING
@@ -381,7 +462,7 @@ class LocalRuntime:
         sample_file.write_text(f"{now} {cpu_ns}")
         elapsed = max(now - prev_t, 1e-6)
         pct = 100.0 * (cpu_ns - prev_ns) / 1e9 / elapsed / info.cpu_count
-        usage = shutil.disk_usage(d)
+        disk_used, disk_total = disks.usage(d)
         return Metrics(
             cpu_count=info.cpu_count,
             cpu_used_pct=round(max(0.0, min(pct, 100.0)), 2),
@@ -389,23 +470,13 @@ class LocalRuntime:
             mem_used=mem_used,
             mem_total=limit,
             mem_cache=cache,
-            disk_used=self._disk_used(d / "upper"),
-            disk_total=usage.total,
+            disk_used=disk_used,
+            disk_total=disk_total,
             pids=len(self.cgroups.pids(sandbox_id)),
         )
 
     def capacity(self) -> Capacity:
         return self._capacity
-
-    @staticmethod
-    def _disk_used(upper: Path) -> int:
-        """What the writable layer holds, walked without freezing the guest: a guest that
-        moves directories meanwhile, or a tree too large to walk in a second, gets what was
-        counted until then (a lower bound)."""
-        usage = trees.Usage()
-        with contextlib.suppress(trees.TreeChanged, TimeoutError):
-            trees.tree_usage(upper, deadline=time.monotonic() + 1.0, into=usage)
-        return usage.bytes
 
     def sweep(self) -> builtins.list[str]:
         """Remove what no live sandbox owns: groups without a sandbox, sandboxes whose init
@@ -423,9 +494,46 @@ class LocalRuntime:
                     reaped.append(sid)
         for p in (self.root / "sandboxes").iterdir():
             if p.name.endswith(".deleting"):
-                with contextlib.suppress(OSError):
-                    trees.remove_tree(p)
+                _bury(p)  # a crash (or an exit) came before the background removal did
+        self.spares.sweep(self._claimed_spares)
+        self.disk_pool.sweep()
+        self.replenish()
         return reaped
+
+    def _claimed_spares(self) -> set[str]:
+        sandboxes = self.root / "sandboxes"
+        return {Spares.group_of(p) for p in sandboxes.glob(f"*/{CLAIM_PREFIX}*.sock")}
+
+    def replenish(self, disk_mb: int | None = None) -> None:
+        """Refill the spare launchers and the disk pool in a background thread (at most one
+        per process; across processes a lock lets one fill at a time). The pool keeps the
+        sizes of the most recent creates, up to four."""
+        if disk_mb is not None:
+            self._pool_sizes.pop(disk_mb, None)
+            self._pool_sizes[disk_mb] = None
+            while len(self._pool_sizes) > 4:
+                del self._pool_sizes[next(iter(self._pool_sizes))]
+        if not self.spares.target or not self._refilling.acquire(blocking=False):
+            return
+
+        def refill() -> None:
+            try:
+                self.spares.fill()
+                for size in reversed(list(self._pool_sizes)):
+                    self.disk_pool.fill(size)
+            except Exception:  # noqa: BLE001 - a refill is an optimisation: log and go on
+                log.exception("refilling spare launchers and disks failed")
+            finally:
+                self._refilling.release()
+
+        threading.Thread(target=refill, name="e2bfacade-spares", daemon=True).start()
+
+    def discard_spares(self) -> None:
+        """End every parked launcher and pooled disk (for a runtime being torn down)."""
+        self.spares.closed = self.disk_pool.closed = True  # a running refill stops soon
+        with self._refilling:
+            self.spares.discard()
+            self.disk_pool.discard()
 
     # ------------------------------------------------------------------------- data plane
     def _running_state(self, sandbox_id: str) -> tuple[LocalSandboxInfo, dict[str, Any]]:
@@ -513,6 +621,13 @@ class LocalRuntime:
     ) -> EntryInfo:
         with self._files(sandbox_id, user) as files:
             return files.write(path, chunks)
+
+
+def _bury(tomb: Path) -> None:
+    """Remove a killed sandbox's directory: its disk (one unmount), then the rest."""
+    with contextlib.suppress(OSError):
+        disks.detach(tomb)
+        trees.remove_tree(tomb)
 
 
 def _chunks(fd: int, chunk_size: int) -> Iterator[bytes]:

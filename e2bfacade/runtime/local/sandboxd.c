@@ -32,10 +32,16 @@
  *       the command's process group.
  *
  * Create requests are NUL-separated "key=value" strings ended by an empty string:
- *   rootfs=DIR lower=A:B upper=DIR work=DIR hostname=NAME cgroup=PROCS_FILE (repeatable)
+ *   rootfs=DIR lower=A:B hostname=NAME cgroup=PROCS_FILE (repeatable)
+ *   (the writable layer is disk/upper, with disk/work, in the sandbox's directory DIR)
  *   bind=SRC:DST (read-only host bind, repeatable)
  *   leave=PROCS_FILE (repeatable: where the handler moves itself once the init runs)
  * The reply is one line: "OK <host pid of init>" or "ERR <step>: <reason>".
+ *
+ * A request "park=PATH cgroup=PROCS_FILE..." makes a spare launcher instead (see park()):
+ * it joins the groups, answers "OK parked <pid>", and serves one create request (without
+ * cgroup or leave items) sent later to the socket PATH; it answers that one
+ * "OK <init pid> <its own pid>" and exits when the caller closes the connection.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -131,7 +137,7 @@ static void __attribute__((noreturn)) init_loop(void) {
 }
 
 struct create_req {
-    const char *rootfs, *lower, *upper, *work, *hostname, *seccomp, *dir;
+    const char *rootfs, *lower, *hostname, *seccomp, *dir, *park;
     unsigned long idbase;
     const char *cgroups[MAX_ITEMS];
     int ncgroups;
@@ -142,6 +148,7 @@ struct create_req {
 };
 
 static int report_fd = -1;
+static pid_t g_listener; /* the listener process, parent of every handler */
 
 static void __attribute__((noreturn)) fail(const char *step, const char *fmt, ...) {
     char msg[1024];
@@ -445,7 +452,7 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * ones an unprivileged mounter may use. nodev: a device node in a layer is never a way
      * around the missing CAP_MKNOD. */
     snprintf(opts + off, sizeof opts - off,
-             ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,index=off,metacopy=off");
+             ",upperdir=disk/upper,workdir=disk/work,userxattr,redirect_dir=nofollow,index=off,metacopy=off");
     /* The sandbox's directory as the mount's source: the host can tell its mounts apart. */
     mount_or_fail(r->dir, "rootfs", "overlay", MS_NODEV, opts);
     if (chdir("rootfs") != 0) fail("chdir", "rootfs: %s", strerror(errno));
@@ -541,11 +548,10 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         char *v = eq + 1;
         if (!strcmp(item, "rootfs")) r->rootfs = v;
         else if (!strcmp(item, "lower")) r->lower = v;
-        else if (!strcmp(item, "upper")) r->upper = v;
-        else if (!strcmp(item, "work")) r->work = v;
         else if (!strcmp(item, "hostname")) r->hostname = v;
         else if (!strcmp(item, "seccomp")) r->seccomp = v;
         else if (!strcmp(item, "dir")) r->dir = v;
+        else if (!strcmp(item, "park")) r->park = v;
         else if (!strcmp(item, "idbase")) r->idbase = strtoul(v, NULL, 10);
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
@@ -553,7 +559,8 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else return -1;
     }
     if (off >= len) return -1; /* no terminating empty string */
-    return (r->rootfs && r->lower && r->upper && r->work && r->hostname) ? 0 : -1;
+    if (r->park) return r->ncgroups > 0 && !r->rootfs ? 0 : -1;
+    return (r->rootfs && r->lower && r->hostname) ? 0 : -1;
 }
 
 static void reply(int conn, const char *fmt, ...) {
@@ -577,20 +584,63 @@ static int write_file(const char *path, const char *value) {
     return n == (ssize_t)strlen(value) ? 0 : -1;
 }
 
-/* One create request, in a process forked from the daemon. */
-static void __attribute__((noreturn)) handle(int conn) {
-    static char buf[REQ_MAX];
+static int read_request(int conn, char *buf, size_t size, struct create_req *r) {
     size_t len = 0;
     for (;;) {
-        ssize_t n = read(conn, buf + len, sizeof buf - len);
+        ssize_t n = read(conn, buf + len, size - len);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         len += (size_t)n;
         if (len >= 2 && buf[len - 1] == 0 && buf[len - 2] == 0) break;
-        if (len == sizeof buf) break;
+        if (len == size) break;
     }
+    return len == 0 ? -1 : parse_request(buf, len, r);
+}
+
+/* A parked launcher: joins the spare groups it was given now, while nobody waits, and then
+ * waits on a socket of its own (PATH) for the one create it will serve. The caller renames
+ * the groups to the sandbox's name and writes its limits before connecting, so the create
+ * needs no cgroup migration: on cgroup v1 a migration waits for an RCU grace period (8 to
+ * 16 ms) whenever none happened on the host just before, which is the usual case for an
+ * interactive create. Returns the create's connection. */
+static int park(int conn, struct create_req *r) {
+    /* A spare dies with its listener: a sandbox launched by a spare whose daemon is gone
+     * could be re-parented past the keeper to the host's PID 1, which may never reap it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != g_listener) _exit(1);
+    int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    if (ls < 0 || strlen(r->park) >= sizeof addr.sun_path) {
+        reply(conn, "ERR park: socket: %s", ls < 0 ? strerror(errno) : "path too long");
+        _exit(1);
+    }
+    strcpy(addr.sun_path, r->park);
+    umask(077);
+    if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 1) != 0) {
+        reply(conn, "ERR park: listen on %s: %s", r->park, strerror(errno));
+        _exit(1);
+    }
+    reply(conn, "OK parked %d", getpid());
+    close(conn);
+    char title[sizeof addr.sun_path + 16];
+    snprintf(title, sizeof title, "sandboxd-spare %s", r->park);
+    set_title(title);
+    for (;;) {
+        int c = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+        if (c >= 0) {
+            close(ls);
+            return c;
+        }
+        if (errno != EINTR) _exit(1);
+    }
+}
+
+/* One create request, in a process forked from the daemon. */
+static void __attribute__((noreturn)) handle(int conn) {
+    static char buf[REQ_MAX];
     struct create_req r;
-    if (len == 0 || parse_request(buf, len, &r) != 0) {
+    if (read_request(conn, buf, sizeof buf, &r) != 0) {
         reply(conn, "ERR request: malformed");
         _exit(1);
     }
@@ -602,6 +652,14 @@ static void __attribute__((noreturn)) handle(int conn) {
     for (int i = 0; i < r.ncgroups; i++) {
         if (write_file(r.cgroups[i], pidstr) != 0) {
             reply(conn, "ERR cgroup: %s: %s", r.cgroups[i], strerror(errno));
+            _exit(1);
+        }
+    }
+    int parked = r.park != NULL;
+    if (parked) {
+        conn = park(conn, &r);
+        if (read_request(conn, buf, sizeof buf, &r) != 0 || r.park || r.ncgroups || r.nleave) {
+            reply(conn, "ERR request: malformed");
             _exit(1);
         }
     }
@@ -750,6 +808,15 @@ static void __attribute__((noreturn)) handle(int conn) {
     close(rep[1]);
     char status[1100] = {0};
     ssize_t n = read(rep[0], status, sizeof status - 1);
+    if (n == 2 && !memcmp(status, "OK", 2) && parked) {
+        /* We stay in the sandbox's groups (leaving would be a migration): the caller waits
+         * for us to exit, which it sees on a pidfd once it closes the connection. */
+        reply(conn, "OK %d %d", child, getpid());
+        char ack;
+        while (read(conn, &ack, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
     if (n == 2 && !memcmp(status, "OK", 2)) {
         /* Step out of the sandbox's groups before answering, so that when the caller looks,
          * the init is the sandbox's only process. What we were charged stays charged. */
@@ -803,6 +870,7 @@ static int run_daemon(const char *sock_path) {
 }
 
 static int serve(const char *sock_path) {
+    g_listener = getpid();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigchld;

@@ -6,7 +6,8 @@ Layout::
 
     images/<id>/rootfs        a read-only lower layer (template or snapshot)
     images/<id>/image.json    {"parent": <id>|null, "host_binds": [...], "size": n}
-    sandboxes/<id>/upper      the sandbox's writable layer
+    sandboxes/<id>/disk.img   the sandbox's own file system (see disks.py), mounted on
+    sandboxes/<id>/disk/      its writable layer: disk/upper (and overlay's disk/work)
     sandboxes/<id>/state.json written last: its presence means "created"
     sandboxes/<id>/stage/     mount points the init uses while it builds its root
     ids/<slot>                the id range <slot> is held by the sandbox named inside

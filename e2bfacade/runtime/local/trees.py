@@ -226,12 +226,31 @@ def _copy_data(src: int, dst: int, limit: list[int]) -> None:
             raise TreeTooLarge(errno.EFBIG, "the layer is larger than the snapshot limit")
         position = data
         while position < hole:
-            sent = os.copy_file_range(src, dst, hole - position, position, position)
+            sent = _copy_range(src, dst, hole - position, position)
             if sent == 0:
                 break
             position += sent
         offset = hole
     os.ftruncate(dst, size)
+
+
+# Where the kernel cannot copy between the two file systems itself (a sandbox's disk and
+# the image store are different ones), bytes go through a bounded buffer.
+_CROSS_DEVICE = {errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS}
+_BUFFER = 1 << 20
+
+
+def _copy_range(src: int, dst: int, count: int, position: int) -> int:
+    try:
+        return os.copy_file_range(src, dst, count, position, position)
+    except OSError as exc:
+        if exc.errno not in _CROSS_DEVICE:
+            raise
+    data = os.pread(src, min(count, _BUFFER), position)
+    view, done = memoryview(data), 0
+    while done < len(data):
+        done += os.pwrite(dst, view[done:], position + done)
+    return len(data)
 
 
 def _shifted(host_id: int, shift: int) -> int:

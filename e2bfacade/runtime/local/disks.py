@@ -1,0 +1,281 @@
+"""Each sandbox's writable layer on a file system of its own, so ``diskSizeMB`` is a real
+limit: the guest that fills its disk gets ENOSPC (bytes or inodes) and nothing outside it
+notices.
+
+A sandbox's disk is a sparse ext4 image, ``sandboxes/<id>/disk.img``, attached to a loop
+device and mounted at ``sandboxes/<id>/disk`` (``nodev``, ``nosuid``); the overlay's upper
+and work directories are ``disk/upper`` and ``disk/work``, owned by the guest's root. The
+image is sparse, so a disk costs the host only what the guest wrote; admission keeps the
+sum of all sizes within the host's storage (``sandboxes/admission.py``).
+
+Why an image per sandbox rather than quotas on one file system: this kernel is built
+without ``CONFIG_QUOTA`` (ext4 project quotas) and without XFS quota support, the two ways
+container engines usually cap an upper directory. An image per sandbox needs neither, and
+gives the guest a true ENOSPC and its own inode table (a project quota answers EDQUOT).
+
+Cost, measured on the development machine: ``mkfs.ext4`` without a journal about 2.5 ms
+(the journal is pointless on a disk that dies with its sandbox), loop attach 0.2 ms, mount
+about 1.2 ms; teardown is a lazy unmount (about 2 ms) and an unlink. The loop device is
+configured to detach itself when the last mount goes (``LO_FLAGS_AUTOCLEAR``), so a
+killed sandbox leaves no device behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import secrets
+import struct
+import subprocess
+from pathlib import Path
+
+from e2bfacade.runtime.base import MIN_DISK_MB, CreateRefused
+from e2bfacade.runtime.local.state import Layout
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOATIME = 1024
+MS_BIND = 4096
+MNT_DETACH = 2
+__all__ = ["MIN_DISK_MB", "DiskPool", "attach", "detach", "usage"]
+log = logging.getLogger(__name__)
+IMAGE = "disk.img"
+MOUNT = "disk"
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _loop_attach(image: Path) -> tuple[str, int]:
+    """Attach ``image`` to a free loop device that detaches itself once unmounted.
+
+    Returns the device path and an open descriptor of it (close it once mounted: the
+    mount holds the device from then on)."""
+    ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        # struct loop_config: the backing fd, a block size (0: default), a loop_info64
+        # whose only field we set is lo_flags, and reserved space.
+        info = struct.pack(
+            "=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR, b"", b"", b"", 0, 0
+        )
+        config = struct.pack("=II", backing, 0) + info + bytes(64)
+        for _ in range(64):  # another process may take the free device first: ask again
+            number = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+            device = f"/dev/loop{number}"
+            fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, LOOP_CONFIGURE, config)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno == 16:  # EBUSY: lost the race for this device
+                    continue
+                raise
+            return device, fd
+        raise OSError(16, "no free loop device after 64 tries")
+    finally:
+        os.close(backing)
+        os.close(ctl)
+
+
+def _format(image: Path, size_mb: int) -> None:
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    os.chmod(image, 0o600)
+    # No journal (the disk dies with its sandbox; a host crash kills the sandbox too), no
+    # reserved blocks (the guest's root may use all of it), inode tables initialised lazily.
+    done = subprocess.run(
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-O",
+            "^has_journal,^resize_inode",
+            "-E",
+            "lazy_itable_init=1,nodiscard",
+            str(image),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/sbin:/sbin:/usr/bin:/bin"},
+        check=False,
+    )
+    if done.returncode != 0:
+        why = done.stderr.strip() or f"mkfs.ext4 exited with {done.returncode}"
+        raise CreateRefused(f"cannot format the sandbox's disk: {why}")
+
+
+def _mount(image: Path, mount_point: Path) -> None:
+    """Mount ``image`` on ``mount_point`` with ``upper`` and ``work`` in it (root's)."""
+    mount_point.mkdir(mode=0o700, exist_ok=True)
+    device, fd = _loop_attach(image)
+    try:
+        flags = MS_NODEV | MS_NOSUID | MS_NOATIME
+        rc = _libc.mount(device.encode(), os.fsencode(mount_point), b"ext4", flags, None)
+        _check(rc, f"mount {device}")
+    finally:
+        os.close(fd)  # unmounted or failed: the device detaches itself
+    for sub in ("upper", "work"):
+        (mount_point / sub).mkdir(mode=0o755)
+
+
+def _own(mount_point: Path, owner: int) -> None:
+    for sub in ("upper", "work"):
+        os.chown(mount_point / sub, owner, owner)
+
+
+def _unmount(mount_point: Path) -> None:
+    if os.path.ismount(mount_point):
+        _check(_libc.umount2(os.fsencode(mount_point), MNT_DETACH), f"unmount {mount_point}")
+    with contextlib.suppress(FileNotFoundError, OSError):
+        mount_point.rmdir()
+
+
+def attach(sandbox_dir: Path, size_mb: int, owner: int) -> Path:
+    """Make the sandbox's disk: a ``size_mb`` MiB ext4 file system mounted at
+    ``sandbox_dir/disk``, with ``upper`` and ``work`` owned by host id ``owner`` (the
+    guest's root). Returns the mount point. On failure nothing stays mounted; the caller
+    removes the directory (:func:`detach` is safe on a half-made disk)."""
+    image = sandbox_dir / IMAGE
+    mount_point = sandbox_dir / MOUNT
+    _format(image, size_mb)
+    _mount(image, mount_point)
+    _own(mount_point, owner)
+    return mount_point
+
+
+class DiskPool:
+    """Disks formatted and mounted ahead of the creates that will take them, so a create
+    pays a bind mount (about 0.15 ms) instead of mkfs and mount (about 4 ms).
+
+    ``pool/<size>-<token>.img`` is a ready disk of ``size`` MiB, mounted on
+    ``pool/<size>-<token>/``; it is made under a hidden name and renamed when ready. A
+    create claims one by renaming its image into the sandbox's directory (exactly one
+    claimer succeeds), bind-mounts the pool mount there and detaches the pool's. Whatever a
+    crash leaves is swept by name; after a reboot the images are there but their mounts are
+    not, and such a disk is discarded when a create or a sweep meets it."""
+
+    def __init__(self, layout: Layout, target: int) -> None:
+        self.layout = layout
+        self.dir = layout.root / "pool"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        self.target = target
+        self.closed = False
+
+    def lock(self) -> contextlib.AbstractContextManager[bool]:
+        """One filler or sweeper per runtime root at a time (yields whether it was got)."""
+        return self.layout.locked("diskpool", "fill", blocking=False)
+
+    def entry_lock(self, name: str) -> contextlib.AbstractContextManager[bool]:
+        """Held by a claimer from taking a disk until its bind mount is made, and by a
+        sweeper before it unmounts a pool mount that has no image any more: without it a
+        sweeper could unmount a disk between its claimer's check and its bind."""
+        return self.layout.locked("pooldisk", name, blocking=False)
+
+    def ready(self, size_mb: int) -> list[Path]:
+        return sorted(self.dir.glob(f"{size_mb}-*.img"))
+
+    def claim(self, sandbox_dir: Path, size_mb: int, owner: int) -> bool:
+        for image in self.ready(size_mb):
+            with self.entry_lock(image.stem) as got:
+                if got and self._take(image, sandbox_dir, owner):
+                    return True
+        return False
+
+    def _take(self, image: Path, sandbox_dir: Path, owner: int) -> bool:
+        pooled = image.with_suffix("")
+        try:
+            os.rename(image, sandbox_dir / IMAGE)
+        except FileNotFoundError:
+            return False  # another create took it
+        if not os.path.ismount(pooled):  # made before a reboot: its mount is gone
+            (sandbox_dir / IMAGE).unlink()
+            _unmount(pooled)
+            return False
+        mount_point = sandbox_dir / MOUNT
+        mount_point.mkdir(mode=0o700, exist_ok=True)
+        # A bind mount keeps the source's nodev/nosuid/noatime.
+        rc = _libc.mount(os.fsencode(pooled), os.fsencode(mount_point), None, MS_BIND, None)
+        _check(rc, f"bind {pooled}")
+        # The pool's own mount of it is detached by the next fill (an unmount waits for
+        # an RCU grace period, about 1 ms, that this create need not wait for).
+        _own(mount_point, owner)
+        return True
+
+    def fill(self, size_mb: int) -> int:
+        made = 0
+        with self.lock() as got:
+            if got:
+                self._clear(keep_ready=True)  # first, the pool mounts of claimed disks
+            while got and not self.closed and len(self.ready(size_mb)) < self.target:
+                name = f"{size_mb}-{secrets.token_hex(6)}"
+                hidden = self.dir / f".{name}.img"
+                try:
+                    _format(hidden, size_mb)
+                    _mount(hidden, self.dir / name)
+                    os.rename(hidden, self.dir / f"{name}.img")
+                except (OSError, CreateRefused) as exc:
+                    log.warning("could not make a pooled disk: %s", exc)
+                    _unmount(self.dir / name)
+                    hidden.unlink(missing_ok=True)
+                    break
+                made += 1
+        return made
+
+    def sweep(self) -> None:
+        """Remove what a crashed filler, a claimer or a reboot left."""
+        with self.lock() as got:
+            if got:
+                self._clear(keep_ready=True)
+
+    def discard(self) -> None:
+        self.closed = True
+        with self.lock() as got:
+            if got:
+                self._clear(keep_ready=False)
+
+    def _clear(self, keep_ready: bool) -> None:
+        for path in self.dir.iterdir():
+            name = path.name.removeprefix(".").removesuffix(".img")
+            with self.entry_lock(name) as got:
+                if not got:
+                    continue  # being claimed
+                if path.suffix == ".img":
+                    pooled = self.dir / name
+                    if keep_ready and not path.name.startswith(".") and os.path.ismount(pooled):
+                        continue
+                    path.unlink(missing_ok=True)
+                    _unmount(pooled)
+                elif path.is_dir() and not (self.dir / f"{path.name}.img").exists():
+                    _unmount(path)
+
+
+def detach(sandbox_dir: Path) -> None:
+    """Unmount and delete the sandbox's disk, if it has one. Lazy: a process of another
+    sandbox still starting (whose mount namespace was copied from the host's a moment ago)
+    may hold a reference; the kernel lets go when it does."""
+    _unmount(sandbox_dir / MOUNT)
+    with contextlib.suppress(FileNotFoundError):
+        (sandbox_dir / IMAGE).unlink()
+
+
+def usage(sandbox_dir: Path) -> tuple[int, int]:
+    """Bytes used and bytes in all on the sandbox's disk (one statvfs)."""
+    st = os.statvfs(sandbox_dir / MOUNT)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize

@@ -1,0 +1,158 @@
+"""A sandbox's disk is its own: ``disk_mb`` bounds bytes and inodes with a real ENOSPC in the
+guest, the host's file system and other sandboxes feel nothing, the in-memory mounts are
+sized and charged to the sandbox's memory, and the disk goes away with the sandbox."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from e2bfacade.runtime.base import CreateRefused, SandboxSpec, SandboxState
+from e2bfacade.runtime.local import LocalRuntime
+from tests.runtime.helpers import MiB, buried, ok, run, wait_until
+
+# Writes up to argv[2] MiB to argv[1] in 1 MiB blocks, then, once refused, in 4 KiB ones
+# until the last block is taken; prints the errno's name (or OK) and the MiB written.
+FILL = (
+    "import errno, os, sys\n"
+    "f = open(sys.argv[1], 'wb', buffering=0)\n"
+    "written, size, err = 0, 1 << 20, None\n"
+    "while written < int(sys.argv[2]) << 20:\n"
+    "    try:\n"
+    "        written += f.write(b'x' * size)\n"
+    "    except OSError as e:\n"
+    "        err = e\n"
+    "        if size == 4096:\n"
+    "            break\n"
+    "        size = 4096\n"
+    "print(errno.errorcode[err.errno] if err else 'OK', written >> 20)\n"
+)
+
+
+def loop_backings() -> list[str]:
+    """Every loop device's backing file on this host, read from sysfs."""
+    out = []
+    for dev in Path("/sys/block").glob("loop*"):
+        backing = dev / "loop" / "backing_file"
+        if backing.exists():
+            out.append(backing.read_text().strip())
+    return out
+
+
+def allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+@pytest.mark.parametrize("user", ["root", "user"])
+def test_filling_the_disk_is_enospc_in_the_guest_and_costs_the_host_at_most_its_size(
+    runtime: LocalRuntime, sandbox_id: str, user: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
+    image = runtime.root / "sandboxes" / sandbox_id / "disk.img"
+    host_free = os.statvfs(runtime.root).f_bavail * os.statvfs(runtime.root).f_frsize
+    target = "/root/fill" if user == "root" else "/home/user/fill"
+    fill = ["python3", "-c", FILL, target, "1024"]
+    result = run(runtime, sandbox_id, fill, user=user, timeout=60)
+    code, mib = result.stdout.decode().split()
+    assert code == "ENOSPC", result
+    assert 32 <= int(mib) <= 64  # most of the 64 MiB, never more
+    # The guest sees the size it was given, and a second writer is refused as well.
+    df = ok(runtime, sandbox_id, "df -k / | tail -1", user=user).split()
+    assert 50 * 1024 <= int(df[1]) <= 64 * 1024, df
+    again = run(runtime, sandbox_id, ["python3", "-c", FILL, "/tmp/more", "8"], user=user)
+    assert again.stdout.decode().split() == ["ENOSPC", "0"], again
+    # What the host paid: the image's allocated blocks, within the disk's size.
+    assert allocated(image) <= 64 * MiB
+    host_free_after = os.statvfs(runtime.root).f_bavail * os.statvfs(runtime.root).f_frsize
+    assert host_free - host_free_after <= 72 * MiB
+    # Freeing space inside makes room again: the disk is the guest's to manage.
+    ok(runtime, sandbox_id, f"rm {target} && head -c 8M /dev/zero > /tmp/more", user=user)
+
+
+def test_inodes_are_bounded_too(runtime: LocalRuntime, sandbox_id: str) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=16))
+    script = (
+        "import errno, os\n"
+        "os.makedirs('/tmp/many')\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 200000:\n"
+        "        open(f'/tmp/many/{n}', 'w').close(); n += 1\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno], n)\n"
+    )
+    result = run(runtime, sandbox_id, ["python3", "-c", script], user="user", timeout=120)
+    code, made = result.stdout.decode().split()
+    assert code == "ENOSPC", result
+    assert int(made) < 20000  # a 16 MiB disk has a few thousand inodes, not the host's
+
+
+def test_two_sandboxes_disks_are_independent(
+    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+) -> None:
+    full, other = new_sandbox_id(), new_sandbox_id()
+    runtime.create(SandboxSpec(full, "base", memory_mb=256, disk_mb=32))
+    runtime.create(SandboxSpec(other, "base", memory_mb=256, disk_mb=32))
+    result = run(runtime, full, ["python3", "-c", FILL, "/tmp/fill", "1024"], timeout=60)
+    assert result.stdout.decode().split()[0] == "ENOSPC"
+    result = run(runtime, other, ["python3", "-c", FILL, "/tmp/fill", "8"], timeout=60)
+    assert result.stdout.decode().split() == ["OK", "8"]
+    metrics = runtime.metrics(full)
+    assert metrics.disk_total <= 32 * MiB
+    assert metrics.disk_used >= 16 * MiB
+
+
+@pytest.mark.parametrize("mount", ["/dev/shm", "/run", "/dev"])
+def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
+    runtime: LocalRuntime, sandbox_id: str, mount: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=512))
+    before = runtime.metrics(sandbox_id).mem_used
+    result = run(runtime, sandbox_id, ["python3", "-c", FILL, f"{mount}/fill", "1024"], timeout=60)
+    code, mib = result.stdout.decode().split()
+    assert code == "ENOSPC", result
+    assert 32 <= int(mib) <= 64
+    # tmpfs pages are the writer's memory: the sandbox's cgroup pays for them.
+    assert runtime.metrics(sandbox_id).mem_used - before >= 32 * MiB
+
+
+def test_killing_a_sandbox_removes_its_disk_and_loop_device(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
+    d = runtime.root / "sandboxes" / sandbox_id
+    assert os.path.ismount(d / "disk")
+    assert any(b.startswith(str(d)) for b in loop_backings())
+    ok(runtime, sandbox_id, "head -c 8M /dev/urandom > /tmp/data")
+    assert runtime.kill(sandbox_id)
+    assert not d.exists()
+    # The disk goes in the background, a moment after kill returns.
+    assert wait_until(lambda: not any(sandbox_id in b for b in loop_backings())), loop_backings()
+    assert sandbox_id not in Path("/proc/self/mountinfo").read_text()
+    assert buried(runtime, sandbox_id)
+
+
+def test_a_dead_sandbox_s_disk_is_swept(runtime: LocalRuntime, sandbox_id: str) -> None:
+    info = runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
+    d = runtime.root / "sandboxes" / sandbox_id
+    os.kill(info.init_pid, signal.SIGKILL)
+    for _ in range(200):
+        if runtime.status(sandbox_id).state is SandboxState.DEAD:
+            break
+        os.sched_yield()
+    assert sandbox_id in runtime.sweep()
+    assert not d.exists()
+    assert wait_until(lambda: not any(sandbox_id in b for b in loop_backings())), loop_backings()
+
+
+def test_a_disk_larger_than_the_host_or_smaller_than_a_file_system_is_refused(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    for size in (1, runtime.capacity().disk_mb + 1):
+        with pytest.raises(CreateRefused, match="disk_mb"):
+            runtime.create(SandboxSpec(sandbox_id, "base", disk_mb=size))
+        assert not (runtime.root / "sandboxes" / sandbox_id).exists()
