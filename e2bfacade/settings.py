@@ -249,8 +249,20 @@ def _ratio(name: str, default: float) -> float:
 SANDBOX_MEMORY_OVERCOMMIT = _ratio("SANDBOX_MEMORY_OVERCOMMIT", 4.0)
 SANDBOX_DISK_OVERCOMMIT = _ratio("SANDBOX_DISK_OVERCOMMIT", 4.0)
 # Keyword options of the driver, from the settings above that belong to it.
+# Spare launchers and pooled disks the local runtime keeps ready (0: none; every create
+# then joins its cgroups and formats its disk itself: about 15 ms more on a quiet host).
+try:
+    SANDBOX_SPARES: int = env.int("SANDBOX_SPARES", default=2)
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        f"SANDBOX_SPARES must be a whole number, got {env.str('SANDBOX_SPARES')!r}"
+    ) from exc
+if not 0 <= SANDBOX_SPARES <= 64:
+    raise ImproperlyConfigured(f"SANDBOX_SPARES must be between 0 and 64, got {SANDBOX_SPARES}")
 SANDBOX_RUNTIME_OPTIONS: dict[str, object] = (
-    {"snapshot_max_bytes": SANDBOX_SNAPSHOT_MAX_MB << 20} if SANDBOX_RUNTIME == "local" else {}
+    {"snapshot_max_bytes": SANDBOX_SNAPSHOT_MAX_MB << 20, "spares": SANDBOX_SPARES}
+    if SANDBOX_RUNTIME == "local"
+    else {}
 )
 
 # The ``domain`` of every sandbox answer (create, connect, resume, fork, GET). Without

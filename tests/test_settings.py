@@ -41,6 +41,8 @@ def test_valid_configuration_starts() -> None:
         ("DATABASE_URL", "mongodb://localhost/db"),
         ("SANDBOX_ROOT", "relative/path"),
         ("SANDBOX_RUNTIME", "firecracker"),
+        ("SANDBOX_SPARES", "-1"),
+        ("SANDBOX_SPARES", "many"),
         ("SANDBOX_DOMAIN", "https://sandboxes.example.com"),
         ("SANDBOX_DOMAIN", "sandboxes.example.com/path"),
         ("SANDBOX_DOMAIN", "127.0.0.1"),

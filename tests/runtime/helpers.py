@@ -144,6 +144,19 @@ def any_daemon_pids(root: Path) -> list[int]:
     return [p for p in host_pids() if any(prefix in arg for arg in cmdline(p))]
 
 
+def init_and_agent(pids: list[int], init_pid: int) -> bool:
+    """Whether ``pids`` (a sandbox's cgroup) are exactly its init and the init's guest agent
+    (agent.c), as right after a create."""
+    others = [p for p in pids if p != init_pid]
+    if init_pid not in pids or len(others) != 1:
+        return False
+    try:
+        comm = Path(f"/proc/{others[0]}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == "e2b-agent" and parent_pid(others[0]) == init_pid
+
+
 def buried(rt: LocalRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:
     """Wait until a killed sandbox's directory is gone (it goes in the background, a moment
     after kill returns: the tomb ``.<id>.<random>.deleting``); without an id, every one."""

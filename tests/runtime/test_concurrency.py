@@ -10,7 +10,7 @@ import pytest
 from e2bfacade.runtime.base import RuntimeConflict, SandboxInfo, SandboxSpec, SandboxState
 from e2bfacade.runtime.local import LocalRuntime, LocalSandboxInfo
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import cgroup_pids, daemon_pids, ok
+from tests.runtime.helpers import cgroup_pids, daemon_pids, init_and_agent, ok
 
 
 def test_creating_the_same_id_twice_adopts_the_first_sandbox(
@@ -20,7 +20,7 @@ def test_creating_the_same_id_twice_adopts_the_first_sandbox(
     second = runtime.create(SandboxSpec(sandbox_id, "base"))
     assert (first.adopted, second.adopted) == (False, True)
     assert second.init_pid == first.init_pid
-    assert cgroup_pids(runtime, sandbox_id) == [first.init_pid]
+    assert init_and_agent(cgroup_pids(runtime, sandbox_id), first.init_pid)
     assert [s.sandbox_id for s in runtime.list()].count(sandbox_id) == 1
 
 
@@ -46,7 +46,7 @@ def test_ten_concurrent_creates_of_one_id_make_one_sandbox(
     assert sum(not r.adopted for r in results) == 1
     assert len({r.init_pid for r in results}) == 1
     assert runtime.cgroups.list_ids() >= {sandbox_id}
-    assert cgroup_pids(runtime, sandbox_id) == [results[0].init_pid]
+    assert init_and_agent(cgroup_pids(runtime, sandbox_id), results[0].init_pid)
     assert [s.sandbox_id for s in runtime.list()].count(sandbox_id) == 1
 
 
@@ -62,7 +62,7 @@ def test_twenty_parallel_creates_each_get_their_own_init(
     assert all(r.state is SandboxState.RUNNING and not r.adopted for r in results)
     assert len({r.init_pid for r in results}) == 20
     for r in results:
-        assert cgroup_pids(runtime, r.sandbox_id) == [r.init_pid]
+        assert init_and_agent(cgroup_pids(runtime, r.sandbox_id), r.init_pid)
     for sid in ids[:3]:  # each is a working, separate machine
         assert ok(runtime, sid, "hostname").strip() == sid
 

@@ -18,7 +18,7 @@ from e2bfacade.runtime.base import SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.cgroups import SPARE_PREFIX
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import cgroup_file, ok, wait_until
+from tests.runtime.helpers import cgroup_file, init_and_agent, ok, wait_until
 
 DISK = 1024  # SandboxSpec's default disk size, the one the pool keeps first
 
@@ -55,7 +55,7 @@ def test_a_create_takes_a_parked_launcher_and_a_pooled_disk(rt: LocalRuntime) ->
     assert list(d.glob("launcher-*.sock")), "the create did not use a spare launcher"
     assert os.stat(d / "disk.img").st_ino in pooled, "the create did not use a pooled disk"
     # The spare's groups became the sandbox's, with its limits, and hold only its init.
-    assert rt.cgroups.pids(sid) == [info.init_pid]
+    assert init_and_agent(rt.cgroups.pids(sid), info.init_pid)
     limit = cgroup_file(rt, sid, "memory", "memory.limit_in_bytes").read_text()
     assert int(limit) == 300 << 20
     # The pooled disk is mounted as a fresh one would be: nodev, nosuid.
@@ -90,7 +90,7 @@ def test_concurrent_creates_never_share_a_spare(rt: LocalRuntime) -> None:
     claims = [c.name for sid in ids for c in (rt.root / "sandboxes" / sid).glob("launcher-*")]
     assert len(claims) == len(set(claims)) >= 1
     for sid in ids:
-        assert len(rt.cgroups.pids(sid)) == 1, (sid, rt.cgroups.pids(sid))
+        assert len(rt.cgroups.pids(sid)) == 2, (sid, rt.cgroups.pids(sid))  # init + agent
         assert ok(rt, sid, "cat /proc/1/comm").strip() == "e2b-init"
         rt.kill(sid)
 
@@ -102,7 +102,7 @@ def test_dead_spares_cost_only_speed_and_are_swept(rt: LocalRuntime) -> None:
     assert wait_until(lambda: not spare_pids(rt))
     sid = new_id()
     info = rt.create(SandboxSpec(sid, "base"))
-    assert rt.cgroups.pids(sid) == [info.init_pid]
+    assert init_and_agent(rt.cgroups.pids(sid), info.init_pid)
     assert ok(rt, sid, "echo alive").strip() == "alive"
     rt.sweep()
     assert wait_until(lambda: len(spare_pids(rt)) >= 2, timeout=10)  # refilled with live ones

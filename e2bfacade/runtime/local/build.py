@@ -21,6 +21,9 @@ from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local import seccomp
 
 SOURCE = Path(__file__).with_name("sandboxd.c")
+# Compiled together into one static binary; all of them (and the header) name it.
+SOURCES = (SOURCE, SOURCE.with_name("agent.c"))
+HEADERS = (SOURCE.with_name("sandboxd.h"),)
 
 
 # The only environment sandboxd and the helpers it runs get.
@@ -31,7 +34,10 @@ CLEAN_ENV = {
 
 
 def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def ensure_binary(root: Path) -> Path:
@@ -58,7 +64,7 @@ def ensure_binary(root: Path) -> Path:
         try:
             # Static, so the helper never depends on the host's libc after an upgrade.
             proc = subprocess.run(
-                [cc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE), "-lseccomp"],
+                [cc, "-static", "-O2", "-Wall", "-o", str(tmp), *map(str, SOURCES), "-lseccomp"],
                 capture_output=True,
                 text=True,
             )

@@ -51,7 +51,7 @@ from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
-from e2bfacade.runtime.local.processes import LocalProcess, process_env
+from e2bfacade.runtime.local.processes import Agent, AgentProcess, process_env, start_items
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
 
@@ -555,7 +555,7 @@ class LocalRuntime:
             int(state.get("id_base", 0)),  # 0: made before user namespaces, adopted
         )
 
-    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> LocalProcess:
+    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> AgentProcess:
         if not spec.argv or any("\0" in a for a in spec.argv):
             raise CreateRefused("a process needs a command, without NUL bytes")
         info, state = self._running_state(sandbox_id)
@@ -567,18 +567,14 @@ class LocalRuntime:
         env = process_env(account, state.get("env_vars") or {}, spec)
         if any("\0" in k or "\0" in v or "=" in k for k, v in env.items()):
             raise CreateRefused("an environment variable contains a NUL byte or '=' in its name")
-        argv = [
-            str(build.ensure_binary(self.root)),
-            "exec",
-            str(info.init_pid),
-            ",".join(self.cgroups.procs_files(sandbox_id)),
-            str(account.uid),
-            str(account.gid),
-            spec.cwd or account.home,
-            "--",
-            *spec.argv,
-        ]
-        return LocalProcess(argv, spec, env, str(build.ensure_seccomp(self.root)))
+        cwd = spec.cwd or account.home
+        if "\0" in cwd:
+            raise CreateRefused("the working directory contains a NUL byte")
+        items = start_items(account, spec, env, cwd)
+        return self._agent(sandbox_id).start(items, pty=spec.pty is not None)
+
+    def _agent(self, sandbox_id: str) -> Agent:
+        return Agent(self.layout.sandbox_dir(sandbox_id) / "agent.sock")
 
     def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo:
         with self._files(sandbox_id, user) as files:

@@ -1,212 +1,297 @@
-"""Processes inside a local sandbox, run through ``sandboxd exec`` (see sandboxd.c): it
-joins the sandbox's cgroups and namespaces, applies the guests' seccomp filter, drops the
-init's capabilities and starts the command under a shepherd inside the guest that is the
-subreaper of everything the command starts, forwards signals to its process group, and
-kills the whole tree when the process's lifetime ends. It reports the command's pids and
-its wait status on a pipe of its own, so the host knows when the command itself ended even
-while a background child still holds its output open.
+"""Processes inside a local sandbox, run by its guest agent (agent.c): a process of the
+sandbox's own that starts commands under a shepherd (the subreaper of everything the command
+starts, killed as a tree when its lifetime ends), fans their output out to every follower
+and holds them across restarts of the service. The host speaks to it on the unix socket
+``sandboxes/<id>/agent.sock``, one request per connection.
+
+The agent runs as the guest's root and the guest may kill or confuse it: everything read
+from it is bounded (a frame is at most :data:`MAX_FRAME` bytes) and checked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
-import selectors
-import signal
+import select
+import socket
 import struct
-import subprocess
-import termios
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-from e2bfacade.runtime.base import ExitStatus, GuestFileError, ProcessSpec, PtySize, Stream
+from e2bfacade.runtime.base import (
+    ExitStatus,
+    GuestFileError,
+    ProcessSpec,
+    PtySize,
+    RuntimeConflict,
+    Stream,
+)
 from e2bfacade.runtime.local.files import Account
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_FRAME = (1 << 20) + 64
+STDIN_PIECE = 1 << 20  # the agent takes stdin in pieces of at most this
+STREAMS = {b"O": Stream.STDOUT, b"R": Stream.STDERR, b"T": Stream.PTY}
 
 
-# -------------------------------------------------------------------------- processes
-class LocalProcess:
-    """A process started by ``sandboxd exec``; see :class:`e2bfacade.runtime.base.GuestProcess`."""
+class AgentGone(RuntimeConflict):
+    """The sandbox's agent does not answer: the sandbox ended (or its guest killed it)."""
 
-    def __init__(
-        self, argv: list[str], spec: ProcessSpec, env: dict[str, str], seccomp_filter: str
-    ) -> None:
-        self._spec = spec
-        report_r, report_w = os.pipe()
-        self._master: int | None = None
-        slave: int | None = None
-        if spec.pty is not None:
-            self._master, slave = os.openpty()
-            _set_size(self._master, spec.pty)
-        argv = [*argv[:7], _options(spec, report_w, seccomp_filter), *argv[7:]]
+
+def _exit_status(raw: int) -> ExitStatus:
+    if os.WIFSIGNALED(raw):
+        sig = os.WTERMSIG(raw)
+        return ExitStatus(128 + sig, sig)
+    return ExitStatus(os.WEXITSTATUS(raw))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def read_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    """One frame from the agent: (type, payload), or None when it hung up."""
+    head = _recv_exact(sock, 5)
+    if head is None:
+        return None
+    length = struct.unpack(">I", head[:4])[0]
+    if not 1 <= length <= MAX_FRAME:
+        raise AgentGone(f"the sandbox's agent sent a malformed frame (length {length})")
+    payload = _recv_exact(sock, length - 1) if length > 1 else b""
+    if payload is None:
+        return None
+    return head[4:5], payload
+
+
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 1 + len(payload)) + kind + payload
+
+
+def _error(payload: bytes) -> GuestFileError:
+    code = struct.unpack(">I", payload[:4])[0] if len(payload) >= 4 else errno.EIO
+    return GuestFileError(code, payload[4:512].decode(errors="replace") or os.strerror(code))
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """A running process as the agent lists it, with the items it was started with."""
+
+    pid: int
+    args: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    tag: str | None
+    user_env: dict[str, str]
+
+
+class Agent:
+    """The guest agent of one sandbox."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _open(self, kind: bytes, payload: bytes, timeout: float | None = 30) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(timeout)
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=slave
-                if slave is not None
-                else (subprocess.PIPE if spec.stdin else subprocess.DEVNULL),
-                stdout=slave if slave is not None else subprocess.PIPE,
-                stderr=slave if slave is not None else subprocess.PIPE,
-                env=env,
-                pass_fds=(report_w,),
-            )
-        except BaseException:
-            os.close(report_r)
-            if self._master is not None:
-                os.close(self._master)
-            raise
-        finally:
-            os.close(report_w)
-            if slave is not None:
-                os.close(slave)
-        self._report = os.fdopen(report_r, "r")
-        self._host_pid = 0
-        self._pid = 0
+            sock.connect(str(self.path))
+            sock.sendall(_frame(kind, payload))
+        except OSError as exc:
+            sock.close()
+            raise AgentGone(f"the sandbox's agent does not answer: {exc.strerror}") from None
+        return sock
+
+    def _call(self, kind: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
+        """A request answered by frames ending in 'A' (returned before it) or 'E' (raised)."""
+        frames: list[tuple[bytes, bytes]] = []
+        with self._open(kind, payload) as sock:
+            while True:
+                frame = read_frame(sock)
+                if frame is None:
+                    raise AgentGone("the sandbox's agent hung up")
+                if frame[0] == b"A":
+                    return frames
+                if frame[0] == b"E":
+                    raise _error(frame[1])
+                frames.append(frame)
+                if len(frames) > 8192:
+                    raise AgentGone("the sandbox's agent sent too much")
+
+    def start(self, items: list[str], *, pty: bool) -> AgentProcess:
+        payload = b"".join(item.encode() + b"\0" for item in items)
+        return AgentProcess(self, self._open(b"S", payload, timeout=None), pty=pty)
+
+    def connect(self, pid: int, *, pty: bool = False) -> AgentProcess:
+        return AgentProcess(self, self._open(b"C", struct.pack(">I", pid), timeout=None), pty=pty)
+
+    def list(self) -> list[ProcessEntry]:
+        out = []
+        for _, payload in self._call(b"L", b""):
+            if len(payload) < 4:
+                continue
+            pid = struct.unpack(">I", payload[:4])[0]
+            args: list[str] = []
+            env: dict[str, str] = {}
+            user_env: dict[str, str] = {}
+            cwd, tag = "/", None
+            for raw in payload[4:].split(b"\0"):
+                key, _, value = raw.decode(errors="replace").partition("=")
+                if key == "arg":
+                    args.append(value)
+                elif key in ("env", "user_env"):
+                    name, _, val = value.partition("=")
+                    (env if key == "env" else user_env)[name] = val
+                elif key == "cwd":
+                    cwd = value
+                elif key == "tag":
+                    tag = value
+            out.append(ProcessEntry(pid, tuple(args), env, cwd, tag, user_env))
+        return out
+
+    def write_stdin(self, pid: int, data: bytes) -> None:
+        for at in range(0, len(data), STDIN_PIECE):
+            self._call(b"I", struct.pack(">I", pid) + data[at : at + STDIN_PIECE])
+
+    def close_stdin(self, pid: int) -> None:
+        self._call(b"D", struct.pack(">I", pid))
+
+    def signal(self, pid: int, signum: int) -> None:
+        self._call(b"K", struct.pack(">II", pid, signum))
+
+    def resize(self, pid: int, size: PtySize) -> None:
+        self._call(b"Z", struct.pack(">IHH", pid, size.cols, size.rows))
+
+
+class AgentProcess:
+    """A process of the guest agent, followed on one connection; see
+    :class:`e2bfacade.runtime.base.GuestProcess`. Closing the connection stops following;
+    the process goes on (its lifetime is the agent's to enforce)."""
+
+    def __init__(self, agent: Agent, sock: socket.socket, *, pty: bool) -> None:
+        self._agent = agent
+        self._sock = sock
+        self._pty = pty
         self._status: ExitStatus | None = None
-        first = self._report.readline().split()
-        if len(first) == 3 and first[0] == "pid":
-            self._host_pid, self._pid = int(first[1]), int(first[2])
-        else:  # the helper failed before the command ran: it says why on stderr
-            self._proc.wait()
-            self._status = ExitStatus(self._proc.returncode or 125)
+        self._pending: list[tuple[Stream, bytes]] = []
+        self._reading = False
+        self._done = threading.Event()
+        first = self._next()
+        if first is None or first[0] == b"E":
+            sock.close()
+            if first is None:
+                raise AgentGone("the sandbox's agent hung up")
+            raise _error(first[1])
+        if first[0] != b"P" or len(first[1]) != 4:
+            sock.close()
+            raise AgentGone("the sandbox's agent answered out of turn")
+        self._pid = int(struct.unpack(">I", first[1])[0])
+
+    def _next(self) -> tuple[bytes, bytes] | None:
+        try:
+            return read_frame(self._sock)
+        except OSError:
+            return None
+
+    def _event(self) -> tuple[Stream, bytes] | None:
+        """The next output chunk, or None once the process has ended (status set)."""
+        while self._status is None:
+            frame = self._next()
+            if frame is None:  # the agent is gone: so is the sandbox, and the process
+                self._status = ExitStatus(128 + 9, 9)
+                self._done.set()
+                break
+            kind, payload = frame
+            if kind in STREAMS:
+                return STREAMS[kind], payload
+            if kind == b"X" and len(payload) == 4:
+                self._status = _exit_status(struct.unpack(">I", payload)[0])
+                self._done.set()
+            elif kind == b"E":
+                raise _error(payload)
+        return None
 
     @property
     def pid(self) -> int:
         return self._pid
 
     def output(self, chunk_size: int = 65536) -> Iterator[tuple[Stream, bytes]]:
-        sel = selectors.DefaultSelector()
-        streams: dict[int, Stream] = {}
-        if self._master is not None:
-            streams[self._master] = Stream.PTY
-        else:
-            assert self._proc.stdout is not None and self._proc.stderr is not None
-            streams[self._proc.stdout.fileno()] = Stream.STDOUT
-            streams[self._proc.stderr.fileno()] = Stream.STDERR
-        for fd in streams:
-            sel.register(fd, selectors.EVENT_READ)
-        # The helper exits when the command does: its pidfd turns readable then.
+        self._reading = True  # from now on only this iterator reads the connection
         try:
-            exited_fd: int | None = os.pidfd_open(self._proc.pid)
-        except ProcessLookupError:
-            exited_fd = None
-        if exited_fd is not None:
-            sel.register(exited_fd, selectors.EVENT_READ)
-        exited = exited_fd is None or self._status is not None
-        try:
-            while streams and not exited:
-                for key, _ in sel.select():
-                    fd = int(key.fd)
-                    if fd == exited_fd:
-                        exited = True
-                        continue
-                    data = _read(fd, chunk_size)
-                    if data:
-                        yield streams[fd], data
-                    else:
-                        sel.unregister(fd)
-                        del streams[fd]
-            # Ended: what it wrote is in the pipes; take that, not what a background child
-            # that still holds them may write later (it could hold them forever).
-            for fd, stream in streams.items():
-                os.set_blocking(fd, False)
-                while True:
-                    try:
-                        data = _read(fd, chunk_size)
-                    except BlockingIOError:
-                        break
-                    if not data:
-                        break
-                    yield stream, data
+            while True:
+                event = self._pending.pop(0) if self._pending else self._event()
+                if event is None:
+                    return
+                stream, data = event
+                for at in range(0, len(data), chunk_size):
+                    yield stream, data[at : at + chunk_size]
         finally:
-            sel.close()
-            if exited_fd is not None:
-                os.close(exited_fd)
+            self._reading = False
 
     def write_stdin(self, data: bytes) -> None:
-        if self._master is not None:
-            os.write(self._master, data)
-            return
-        if self._proc.stdin is None or self._proc.stdin.closed:
-            raise GuestFileError(errno.EPIPE, "the process's stdin is closed")
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
+        self._agent.write_stdin(self._pid, data)
 
     def close_stdin(self) -> None:
-        if self._master is not None:
-            os.write(self._master, b"\x04")  # EOF at the start of a line, as a terminal does
-        elif self._proc.stdin is not None and not self._proc.stdin.closed:
-            self._proc.stdin.close()
+        if self._pty:
+            self._agent.write_stdin(self._pid, b"\x04")  # EOF at a line's start, as a tty does
+        else:
+            self._agent.close_stdin(self._pid)
 
     def send_signal(self, signum: int) -> None:
-        if self._status is not None or not self._host_pid:
+        if self._status is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._host_pid, signum)
+        with contextlib.suppress(GuestFileError, AgentGone):
+            self._agent.signal(self._pid, signum)
 
     def resize(self, size: PtySize) -> None:
-        if self._master is None:
+        if not self._pty:
             raise GuestFileError(errno.ENOTTY, "the process has no terminal")
-        _set_size(self._master, size)
+        self._agent.resize(self._pid, size)
 
     def wait(self, timeout: float | None = None) -> ExitStatus:
-        if self._status is not None:
-            return self._status
-        if timeout is not None:
-            sel = selectors.DefaultSelector()
-            sel.register(self._report, selectors.EVENT_READ)
-            ready = sel.select(timeout)
-            sel.close()
-            if not ready:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._status is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self._reading:  # output() is being read (on another thread): it sets the end
+                if not self._done.wait(left if left is None else max(left, 0)):
+                    raise TimeoutError(f"process {self._pid} still runs after {timeout}s")
+                continue
+            if left is not None and (left <= 0 or not select.select([self._sock], [], [], left)[0]):
+                # Only a frame's start is waited for: once begun, a frame is read whole.
                 raise TimeoutError(f"process {self._pid} still runs after {timeout}s")
-        line = self._report.readline().split()
-        self._proc.wait()
-        if len(line) == 2 and line[0] == "status":
-            raw = int(line[1])
-            if os.WIFSIGNALED(raw):
-                sig = os.WTERMSIG(raw)
-                self._status = ExitStatus(128 + sig, sig)
-            else:
-                self._status = ExitStatus(os.WEXITSTATUS(raw))
-        else:  # the helper itself was killed: so was the command (PDEATHSIG)
-            self._status = ExitStatus(128 + signal.SIGKILL, signal.SIGKILL)
+            event = self._event()
+            if event is not None and len(self._pending) < 64:
+                self._pending.append(event)  # kept for output(), up to 64 chunks
         return self._status
 
     def close(self) -> None:
-        for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr, self._report):
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
-        if self._master is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._master)
-            self._master = None
-        if self._proc.poll() is None and self._status is not None:
-            self._proc.wait()
+        with contextlib.suppress(OSError):
+            self._sock.close()
 
 
-def _read(fd: int, size: int) -> bytes:
-    try:
-        return os.read(fd, size)
-    except OSError as exc:  # EIO: a pty whose last writer closed
-        if exc.errno != errno.EIO:
-            raise
-        return b""
-
-
-def _options(spec: ProcessSpec, report_fd: int, seccomp_filter: str) -> str:
-    opts = [f"report={report_fd}", f"seccomp={seccomp_filter}"]
+def start_items(account: Account, spec: ProcessSpec, env: dict[str, str], cwd: str) -> list[str]:
+    """The agent's start request for ``spec`` run as ``account`` (see agent.c)."""
+    items = [f"uid={account.uid}", f"gid={account.gid}", f"cwd={cwd}"]
+    if spec.stdin:
+        items.append("stdin=1")
     if spec.pty is not None:
-        opts.append("pty")
+        items.append(f"pty={spec.pty.cols},{spec.pty.rows}")
     if spec.timeout is not None:
-        opts.append(f"lifetime={max(1, int(spec.timeout * 1000))}")
-    return ",".join(opts)
-
-
-def _set_size(fd: int, size: PtySize) -> None:
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))
+        items.append(f"lifetime={max(1, int(spec.timeout * 1000))}")
+    items += [f"arg={a}" for a in spec.argv]
+    items += [f"env={k}={v}" for k, v in env.items()]
+    # Not used by the agent; kept with the process so that List can show what was asked.
+    items += [f"user_env={k}={v}" for k, v in spec.env.items()]
+    return items
 
 
 def process_env(account: Account, sandbox_env: dict[str, str], spec: ProcessSpec) -> dict[str, str]:

@@ -71,6 +71,8 @@
 #include <linux/seccomp.h>
 #include <seccomp.h>
 
+#include "sandboxd.h"
+
 #define MAX_ITEMS 64
 #define REQ_MAX 65536
 
@@ -112,7 +114,7 @@ static int drop_capabilities(void) {
 
 /* ---------------------------------------------------------------- sandbox init (PID 1) */
 
-static void set_title(const char *title) {
+void set_title(const char *title) {
     /* /proc/1/cmdline would otherwise show the daemon's host socket path to the guest. */
     memset(g_argv[0], 0, g_argv_len);
     strncpy(g_argv[0], title, g_argv_len - 1);
@@ -428,6 +430,10 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * layer. Drop whatever groups of the host's are left. */
     if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0)
         fail("userns", "become guest root: %s", strerror(errno));
+    /* The guest agent's socket, in the sandbox's host directory: the host's way in, and a
+     * path the guest never sees (it is outside the root we pivot into). */
+    int agent_fd = agent_listen("agent.sock");
+    if (agent_fd < 0) fail("agent", "listen: %s", strerror(errno));
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* Mount points for the layers, in memory: nothing to make or clean up on the disk. */
@@ -530,6 +536,15 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
 
     int devnull = open("/dev/null", O_RDWR);
     if (devnull < 0) fail("open", "/dev/null: %s", strerror(errno));
+    /* The agent runs the guest's commands (agent.c), with exactly what we have now: guest
+     * root, the filter, the reduced capabilities, not dumpable. */
+    pid_t agent = fork();
+    if (agent < 0) fail("agent", "fork: %s", strerror(errno));
+    if (agent == 0) {
+        for (int fd = 0; fd < 3; fd++) dup2(devnull, fd);
+        agent_main(agent_fd);
+    }
+    close(agent_fd);
     if (write(report_fd, "OK", 2) != 2) _exit(1);
     for (int fd = 0; fd < 3; fd++) dup2(devnull, fd);
     closefrom(3);
@@ -921,287 +936,12 @@ static int serve(const char *sock_path) {
     }
 }
 
-/* ------------------------------------------------------------------------- exec mode */
-
-static pid_t exec_child = -1;
-
-static void forward_signal(int sig) {
-    if (exec_child > 0) kill(exec_child, sig); /* the shepherd passes it to the command */
-}
-
-#define TREE_KILL (SIGRTMIN + 1)
-
-static void lifetime_over(int sig) {
-    (void)sig;
-    if (exec_child > 0) kill(exec_child, TREE_KILL);
-}
-
-/* ------------------------------------------------------------------ the shepherd */
-static volatile sig_atomic_t shepherd_command = 0, shepherd_kill = 0;
-
-static void shepherd_forward(int sig) {
-    if (shepherd_command > 0) kill(-shepherd_command, sig);
-}
-
-static void shepherd_tree_kill(int sig) {
-    (void)sig;
-    shepherd_kill = 1;
-    if (shepherd_command > 0) kill(-shepherd_command, SIGKILL);
-}
-
-/* Kill every descendant: each is our child or becomes one when its parent dies (we are
- * their subreaper), whatever session or group it moved to. Bounded: 2 s. */
-static void kill_tree(void) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)syscall(SYS_gettid));
-    for (int round = 0; round < 400; round++) {
-        char buf[8192];
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-        if (fd >= 0) close(fd);
-        int any = 0;
-        if (n > 0) {
-            buf[n] = 0;
-            for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n")) {
-                pid_t pid = (pid_t)strtol(tok, NULL, 10);
-                if (pid > 0) {
-                    kill(-pid, SIGKILL);
-                    kill(pid, SIGKILL);
-                    any = 1;
-                }
-            }
-        }
-        while (waitpid(-1, NULL, WNOHANG) > 0) {}
-        if (!any) return;
-        usleep(5000);
-    }
-}
-
-static void __attribute__((noreturn)) shepherd(int pidpipe[2], int use_pty, uid_t uid, gid_t gid,
-                                               const char *cwd, char **cmd, int report_to) {
-    if (report_to >= 0) close(report_to);
-    /* Guest root (not host root, which we still are after joining the user namespace), not
-     * dumpable, and named for what it is in the guest's process list. */
-    if (setgroups(0, NULL) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) _exit(125);
-    prctl(PR_SET_DUMPABLE, 0);
-    /* Our command line names host paths (this binary, cgroups): keep copies of what we
-     * still need, then overwrite it. */
-    size_t ncmd = 0;
-    while (cmd[ncmd]) ncmd++;
-    char **copy = calloc(ncmd + 1, sizeof *copy);
-    if (!copy) _exit(125);
-    for (size_t i = 0; i < ncmd; i++)
-        if (!(copy[i] = strdup(cmd[i]))) _exit(125);
-    cmd = copy;
-    cwd = strdup(cwd);
-    if (!cwd) _exit(125);
-    prctl(PR_SET_NAME, "e2b-exec");
-    set_title("e2b-exec");
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the helper gone: so is the command's tree */
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) _exit(125);
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old); /* no signal before the command's pid is known */
-    const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
-        signal(forwarded[i], shepherd_forward);
-    signal(TREE_KILL, shepherd_tree_kill);
-    pid_t command = fork();
-    if (command < 0) _exit(125);
-    if (command == 0) {
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
-            signal(forwarded[i], SIG_DFL);
-        signal(TREE_KILL, SIG_DFL);
-        close(pidpipe[0]);
-        dprintf(pidpipe[1], "%d", getpid());
-        close(pidpipe[1]);
-        if (use_pty) {
-            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
-                fprintf(stderr, "sandboxd exec: controlling terminal: %s\n", strerror(errno));
-                _exit(125);
-            }
-        } else {
-            setpgid(0, 0);
-        }
-        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
-            fprintf(stderr, "sandboxd exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
-            _exit(125);
-        }
-        /* After setuid (which clears it): if the shepherd is killed, the command dies too. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (chdir(cwd) != 0 && chdir("/") != 0) _exit(125);
-        execvp(cmd[0], cmd);
-        fprintf(stderr, "sandboxd exec: %s: %s\n", cmd[0], strerror(errno));
-        _exit(127);
-    }
-    if (!use_pty) setpgid(command, command); /* no race with the command's own setpgid */
-    close(pidpipe[0]);
-    close(pidpipe[1]);
-    shepherd_command = command;
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    int status;
-    while (waitpid(command, &status, 0) < 0) {
-        if (errno != EINTR) _exit(125);
-    }
-    if (shepherd_kill) kill_tree();
-    /* End as the command did, so the helper reports its status. */
-    if (WIFSIGNALED(status)) {
-        signal(WTERMSIG(status), SIG_DFL);
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        raise(WTERMSIG(status));
-        _exit(128 + WTERMSIG(status));
-    }
-    _exit(WEXITSTATUS(status));
-}
-
-static int run_exec(int argc, char **argv) {
-    /* argv: exec PID CGROUPS UID GID CWD OPTIONS -- CMD... */
-    if (argc < 10 || strcmp(argv[8], "--") != 0) {
-        fprintf(stderr, "usage: sandboxd exec PID CGROUPS UID GID CWD OPTIONS -- ARGV...\n");
-        return 125;
-    }
-    const char *pid = argv[2];
-    uid_t uid = (uid_t)strtoul(argv[4], NULL, 10);
-    gid_t gid = (gid_t)strtoul(argv[5], NULL, 10);
-    const char *cwd = argv[6];
-    int use_pty = 0, report_to = -1;
-    long lifetime_ms = 0;
-    const char *seccomp_path = NULL;
-    static char opts[4096];
-    snprintf(opts, sizeof opts, "%s", argv[7]);
-    for (char *tok = strtok(opts, ","); tok; tok = strtok(NULL, ",")) {
-        if (!strcmp(tok, "-")) continue;
-        if (!strcmp(tok, "pty")) use_pty = 1;
-        else if (!strncmp(tok, "lifetime=", 9)) lifetime_ms = strtol(tok + 9, NULL, 10);
-        else if (!strncmp(tok, "report=", 7)) report_to = (int)strtol(tok + 7, NULL, 10);
-        else if (!strncmp(tok, "seccomp=", 8)) seccomp_path = tok + 8;
-        else {
-            fprintf(stderr, "sandboxd exec: unknown option %s\n", tok);
-            return 125;
-        }
-    }
-
-    /* The host's /proc, for the command's host pid once it runs (see below). */
-    int host_proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (host_proc < 0) {
-        perror("sandboxd exec: /proc");
-        return 125;
-    }
-    /* Read now: the path is the host's, gone once we enter the guest's mount namespace. */
-    if (!seccomp_path || read_seccomp(seccomp_path) != 0) {
-        fprintf(stderr, "sandboxd exec: seccomp %s: %s\n", seccomp_path ? seccomp_path : "(none)",
-                strerror(errno));
-        return 125;
-    }
-
-    char cg[REQ_MAX];
-    snprintf(cg, sizeof cg, "%s", argv[3]);
-    char mypid[32];
-    snprintf(mypid, sizeof mypid, "%d", getpid());
-    for (char *tok = strtok(cg, ","); tok; tok = strtok(NULL, ",")) {
-        if (write_file(tok, mypid) != 0) {
-            fprintf(stderr, "sandboxd exec: join cgroup %s: %s\n", tok, strerror(errno));
-            return 125;
-        }
-    }
-    /* Open every namespace first: once we enter the mount namespace /proc/PID is gone. */
-    /* The user namespace first: it owns the others, and joining it is what gives us (and
-     * only over this sandbox) the capabilities to join them. */
-    const char *names[] = {"user", "cgroup", "ipc", "uts", "net", "pid", "mnt"};
-    enum { NNS = sizeof names / sizeof names[0] };
-    int fds[NNS];
-    for (int i = 0; i < NNS; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, names[i]);
-        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
-        if (fds[i] < 0) {
-            fprintf(stderr, "sandboxd exec: %s: %s\n", path, strerror(errno));
-            return 125;
-        }
-    }
-    for (int i = 0; i < NNS; i++) {
-        /* EINVAL for "user": a sandbox made before user namespaces shares ours. */
-        if (setns(fds[i], 0) != 0 && !(i == 0 && errno == EINVAL)) {
-            fprintf(stderr, "sandboxd exec: setns %s: %s\n", names[i], strerror(errno));
-            return 125;
-        }
-        close(fds[i]);
-    }
-    /* A keyring of its own, then the guests' filter while we may still load one without
-     * no_new_privs (we hold CAP_SYS_ADMIN until the drop below). */
-    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) {
-        fprintf(stderr, "sandboxd exec: keyring: %s\n", strerror(errno));
-        return 125;
-    }
-    if (apply_seccomp() != 0) {
-        fprintf(stderr, "sandboxd exec: seccomp %s: %s\n", seccomp_path ? seccomp_path : "(none)",
-                strerror(errno));
-        return 125;
-    }
-    if (drop_capabilities() != 0) {
-        fprintf(stderr, "sandboxd exec: drop capabilities: %s\n", strerror(errno));
-        return 125;
-    }
-    /* The command's pid as its own pid namespace numbers it comes back on this pipe (our
-     * /proc is the guest's by now, where our host view of a pid means nothing). */
-    int pidpipe[2];
-    if (pipe2(pidpipe, O_CLOEXEC) != 0) {
-        perror("sandboxd exec: pipe");
-        return 125;
-    }
-    /* The pid namespace applies to children only: fork so the command runs inside it. The
-     * child is the command's shepherd, inside the guest: its subreaper, so whatever the
-     * command starts stays under it even after a setsid, and the lifetime's end takes the
-     * whole tree (a subreaper outside the pid namespace, as we are, would not be asked). */
-    pid_t child = fork();
-    if (child < 0) {
-        perror("sandboxd exec: fork");
-        return 125;
-    }
-    if (child == 0) shepherd(pidpipe, use_pty, uid, gid, cwd, argv + 9, report_to);
-    exec_child = child;
-    const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
-        signal(forwarded[i], forward_signal);
-    if (lifetime_ms > 0) {
-        signal(SIGALRM, lifetime_over);
-        struct itimerval t = {{0, 0}, {lifetime_ms / 1000, (lifetime_ms % 1000) * 1000}};
-        setitimer(ITIMER_REAL, &t, NULL);
-    }
-    close(pidpipe[1]);
-    char gpid[32] = "-1";
-    ssize_t got;
-    while ((got = read(pidpipe[0], gpid, sizeof gpid - 1)) < 0 && errno == EINTR) {}
-    if (got > 0) gpid[got] = 0;
-    close(pidpipe[0]);
-    /* The command is the shepherd's child: its host pid, from the host's /proc. */
-    long command_host_pid = -1;
-    char kids[64], list[256] = {0};
-    snprintf(kids, sizeof kids, "%d/task/%d/children", child, child);
-    int kfd = openat(host_proc, kids, O_RDONLY | O_CLOEXEC);
-    if (kfd >= 0) {
-        if (read(kfd, list, sizeof list - 1) > 0) command_host_pid = strtol(list, NULL, 10);
-        close(kfd);
-    }
-    close(host_proc);
-    if (report_to >= 0) dprintf(report_to, "pid %ld %s\n", command_host_pid, gpid);
-    int status;
-    while (waitpid(child, &status, 0) < 0) {
-        if (errno != EINTR) return 125;
-    }
-    if (report_to >= 0) dprintf(report_to, "status %d\n", status);
-    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-    return WEXITSTATUS(status);
-}
-
 int main(int argc, char **argv) {
     g_argv = argv;
     g_argv_len = 0;
     for (int i = 0; i < argc; i++) g_argv_len += strlen(argv[i]) + 1;
     if (argc == 3 && !strcmp(argv[1], "daemon")) return run_daemon(argv[2]);
-    if (argc >= 2 && !strcmp(argv[1], "exec")) return run_exec(argc, argv);
     if (argc == 4 && !strcmp(argv[1], "seccomp-compile")) return run_seccomp_compile(argv[2], argv[3]);
-    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd exec PID CGROUPS UID GID CWD OPTS -- ARGV\n");
+    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd seccomp-compile POLICY OUT\n");
     return 2;
 }
