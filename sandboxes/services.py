@@ -122,7 +122,13 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                 memory_mb=sandbox.memory_mb,
                 pids_max=template.pids_max,
                 disk_mb=sandbox.disk_size_mb,
-                env_vars=sandbox.env_vars,
+                # envd's own variables first, then the create's envVars (which may replace them).
+                env_vars={
+                    "E2B_SANDBOX": "true",
+                    "E2B_SANDBOX_ID": sandbox.sandbox_id,
+                    "E2B_TEMPLATE_ID": template.template_id,
+                    **sandbox.env_vars,
+                },
                 envd_access_token=sandbox.envd_access_token,
                 network=NetworkPolicy(allow_internet=sandbox.allow_internet_access),
             )

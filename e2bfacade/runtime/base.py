@@ -12,6 +12,7 @@ import builtins
 import dataclasses
 import enum
 import re
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,10 @@ class LimitExceeded(SandboxRuntimeError):
 
 class CreateRefused(SandboxRuntimeError):
     """Creation failed and everything it made was rolled back: provably nothing allocated."""
+
+
+class ProcessNotFound(SandboxRuntimeError):
+    """No running process has that pid in the sandbox (it ended, or never was)."""
 
 
 def check_id(value: str, what: str = "id") -> str:
@@ -159,6 +164,10 @@ class SandboxInfo:
     pids_max: int
     created_at: float
     adopted: bool = False  # True when create() found the id already running
+    # What the data plane needs of a sandbox, as it was created (see SandboxSpec).
+    envd_access_token: str | None = None
+    default_user: str = DEFAULT_USER
+    env_vars: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,20 @@ class ProcessSpec:
     stdin: bool = False
     pty: PtySize | None = None
     timeout: float | None = None
+    tag: str | None = None  # shown by list_processes; E2B's ProcessInfo.tag
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A running process as :meth:`Runtime.list_processes` shows it: what it was started
+    with (``env`` is what the caller asked for on top of the sandbox's env vars)."""
+
+    pid: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    tag: str | None = None
+    pty: bool = False
 
 
 class Stream(enum.StrEnum):
@@ -397,7 +420,32 @@ class Runtime(Protocol):
     # The data plane. Paths are guest paths: absolute, or relative to the user's home.
     # They are resolved inside the guest's own root (its symlinks cannot lead out of it)
     # and used with the user's permissions; what is created is owned by the user.
-    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> GuestProcess: ...
+    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> GuestProcess:
+        """Start ``spec``. The process belongs to the sandbox, not to the caller: it runs on
+        when the returned handle is closed or the calling process exits, until it ends or
+        its lifetime does, and the by-pid calls below reach it from any process."""
+        ...
+
+    def list_processes(self, sandbox_id: str) -> builtins.list[ProcessInfo]: ...
+    def connect_process(self, sandbox_id: str, pid: int) -> GuestProcess:
+        """Follow a running process's output from now on (every follower gets all of it);
+        for one that ended moments ago, a handle whose output is empty and whose wait()
+        answers at once. Raises ProcessNotFound."""
+        ...
+
+    def process_stdin(self, sandbox_id: str, pid: int, data: bytes) -> None: ...
+    def process_close_stdin(self, sandbox_id: str, pid: int) -> None: ...
+    def process_signal(self, sandbox_id: str, pid: int, signum: int) -> None:
+        """Signal the process's group. Raises ProcessNotFound."""
+        ...
+
+    def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None: ...
+    def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
+        """A TCP connection to ``port`` on the sandbox's own loopback (what listens inside
+        it, reached from the host without any network between them). Raises
+        GuestFileError(ECONNREFUSED) when nothing listens there."""
+        ...
+
     def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo: ...
     def list_dir(
         self, sandbox_id: str, path: str, *, user: str | None = None, depth: int = 1

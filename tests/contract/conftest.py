@@ -65,6 +65,14 @@ def sdk_env(live_server_e2b: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Liv
 
 
 @pytest.fixture
+def envd_env(sdk_env: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
+    """The SDK pointed at the data plane too, as ``scripts/serve.sh`` prints it: every call to
+    a sandbox goes to ``E2B_SANDBOX_URL`` (single-URL mode, sandbox named by header)."""
+    monkeypatch.setenv("E2B_SANDBOX_URL", sdk_env.sandbox_url)
+    return sdk_env
+
+
+@pytest.fixture
 def tag() -> str:
     """A unique metadata value, so a test lists only the sandboxes it made."""
     return f"t-{uuid.uuid4().hex[:16]}"

@@ -28,6 +28,7 @@ from e2bfacade.runtime.base import (
     GuestFileError,
     ImageNotFound,
     NetworkPolicy,
+    ProcessNotFound,
     ProcessSpec,
     PtySize,
     Runtime,
@@ -316,6 +317,53 @@ def test_a_pty_process_has_a_terminal_of_the_asked_size(
 
 
 # --------------------------------------------------------------------------------- files
+def test_a_process_outlives_its_handle_and_is_reached_by_pid(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    sandbox_id = make_sandbox()
+    script = "while read line; do echo got $line; done; echo closed"
+    spec = ProcessSpec(
+        ("sh", "-c", script), env={"ASKED": "1"}, cwd="/tmp", stdin=True, timeout=60, tag="t1"
+    )
+    proc = driver.start_process(sandbox_id, spec)
+    pid = proc.pid
+    proc.close()  # the caller goes away: the process does not
+    listed = {p.pid: p for p in driver.list_processes(sandbox_id)}
+    assert pid in listed, listed
+    info = listed[pid]
+    assert (info.argv, info.cwd, info.tag, dict(info.env)) == (
+        spec.argv,
+        "/tmp",
+        "t1",
+        {"ASKED": "1"},
+    )
+    followers = [driver.connect_process(sandbox_id, pid) for _ in range(2)]
+    driver.process_stdin(sandbox_id, pid, b"one\n")
+    driver.process_close_stdin(sandbox_id, pid)
+    for follower in followers:  # every follower gets all of it
+        out = b"".join(data for _, data in follower.output())
+        assert out == b"got one\nclosed\n", out
+        assert follower.wait(timeout=5).exit_code == 0
+        follower.close()
+    assert pid not in {p.pid for p in driver.list_processes(sandbox_id)}
+    late = driver.connect_process(sandbox_id, pid)  # ended moments ago: its end, at once
+    assert list(late.output()) == [] and late.wait(timeout=1).exit_code == 0
+    late.close()
+    with pytest.raises(ProcessNotFound):
+        driver.process_signal(sandbox_id, pid, signal.SIGKILL)
+    with pytest.raises(ProcessNotFound):
+        driver.connect_process(sandbox_id, 999_999)
+
+
+def test_a_process_is_signalled_by_pid(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
+    sandbox_id = make_sandbox()
+    proc = driver.start_process(sandbox_id, ProcessSpec(("sleep", "60"), timeout=60))
+    driver.process_signal(sandbox_id, proc.pid, signal.SIGKILL)
+    status = proc.wait(timeout=5)
+    assert status.signal == signal.SIGKILL
+    proc.close()
+
+
 def test_write_creates_parents_owned_by_the_user_and_read_returns_it(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:

@@ -223,9 +223,13 @@ class Server:
         self.sandbox_root = Path(env["SANDBOX_ROOT"])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # The data plane (sandboxes/dataplane): the SDK's E2B_SANDBOX_URL.
+        self.sandbox_port = free_port()
+        self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
         self.failpoint_dir = failpoint_dir
         self.process: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
+        self.dataplane: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start gunicorn (and the lifecycle worker) and wait for ``/health``."""
@@ -252,6 +256,15 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            self.dataplane = subprocess.Popen(
+                [sys.executable, "-m", "sandboxes.dataplane.server"]
+                + ["127.0.0.1", str(self.sandbox_port), "2"],
+                cwd=REPO,
+                env={**self.env, "DJANGO_SETTINGS_MODULE": "e2bfacade.settings"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             if self.lifecycle_worker:
                 self.worker = subprocess.Popen(
                     [sys.executable, "manage.py", "run_worker", "--interval", str(WORKER_INTERVAL)],
@@ -267,8 +280,14 @@ class Server:
                 raise ServerError(f"gunicorn exited at start:\n{self.log_tail()}")
             if self.worker is not None and self.worker.poll() is not None:
                 raise ServerError(f"the lifecycle worker exited at start:\n{self.log_tail()}")
+            if self.dataplane is not None and self.dataplane.poll() is not None:
+                raise ServerError(f"the data plane exited at start:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if (
+                    httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+                    # No sandbox named: the data plane's 400 says it is up.
+                    and httpx.get(f"{self.sandbox_url}/health", timeout=1).status_code == 400
+                ):
                     return
             time.sleep(0.05)
         raise ServerError(
@@ -276,15 +295,17 @@ class Server:
         )
 
     def stop(self) -> None:
-        """Stop the lifecycle worker and gunicorn gracefully (SIGKILL after 15 s)."""
+        """Stop the lifecycle worker, the data plane and gunicorn gracefully (SIGKILL after
+        15 s)."""
         _stop(self.worker)
+        _stop(self.dataplane)
         _stop(self.process)
 
     def kill(self) -> None:
         """SIGKILL gunicorn (master and workers) and the lifecycle worker, as a crash or an
         OOM killer would: nothing gets to clean up. Sandboxes keep running (their launcher
         lives in a session of its own); the database and the sandbox root stay."""
-        for process in (self.process, self.worker):
+        for process in (self.process, self.worker, self.dataplane):
             if process is not None and process.poll() is None:
                 # The session each was started in (start_new_session): theirs, nothing else.
                 with contextlib.suppress(ProcessLookupError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -32,11 +33,15 @@ from e2bfacade.runtime.base import (
     Capacity,
     CreateRefused,
     EntryInfo,
+    GuestFileError,
     ImageInfo,
     ImageInUse,
     LimitExceeded,
     Metrics,
+    ProcessInfo,
+    ProcessNotFound,
     ProcessSpec,
+    PtySize,
     Runtime,
     RuntimeConflict,
     RuntimeUnavailable,
@@ -46,7 +51,7 @@ from e2bfacade.runtime.base import (
     SandboxState,
     check_id,
 )
-from e2bfacade.runtime.local import build, disks, trees
+from e2bfacade.runtime.local import build, disks, netns, trees
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
@@ -161,6 +166,9 @@ class LocalRuntime:
             pids_max=int(state["pids_max"]),
             created_at=float(state["created_at"]),
             adopted=adopted,
+            envd_access_token=state.get("envd_access_token"),
+            default_user=str(state.get("default_user") or DEFAULT_USER),
+            env_vars=dict(state.get("env_vars") or {}),
             init_pid=pid,
         )
 
@@ -556,7 +564,7 @@ class LocalRuntime:
         )
 
     def start_process(self, sandbox_id: str, spec: ProcessSpec) -> AgentProcess:
-        if not spec.argv or any("\0" in a for a in spec.argv):
+        if not spec.argv or any("\0" in a for a in (*spec.argv, spec.tag or "")):
             raise CreateRefused("a process needs a command, without NUL bytes")
         info, state = self._running_state(sandbox_id)
         root_fd = open_guest_root(info.init_pid, int(state["init_start"]))
@@ -574,7 +582,40 @@ class LocalRuntime:
         return self._agent(sandbox_id).start(items, pty=spec.pty is not None)
 
     def _agent(self, sandbox_id: str) -> Agent:
+        self._running_state(sandbox_id)  # SandboxNotFound, or RuntimeConflict when paused
         return Agent(self.layout.sandbox_dir(sandbox_id) / "agent.sock")
+
+    def list_processes(self, sandbox_id: str) -> builtins.list[ProcessInfo]:
+        return [
+            ProcessInfo(e.pid, e.args, e.user_env, e.cwd, e.tag, e.pty)
+            for e in self._agent(sandbox_id).list()
+        ]
+
+    def connect_process(self, sandbox_id: str, pid: int) -> AgentProcess:
+        with _by_pid(pid):
+            return self._agent(sandbox_id).connect(pid)
+
+    def process_stdin(self, sandbox_id: str, pid: int, data: bytes) -> None:
+        with _by_pid(pid):
+            self._agent(sandbox_id).write_stdin(pid, data)
+
+    def process_close_stdin(self, sandbox_id: str, pid: int) -> None:
+        with _by_pid(pid):
+            self._agent(sandbox_id).close_stdin(pid)
+
+    def process_signal(self, sandbox_id: str, pid: int, signum: int) -> None:
+        with _by_pid(pid):
+            self._agent(sandbox_id).signal(pid, signum)
+
+    def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None:
+        with _by_pid(pid):
+            self._agent(sandbox_id).resize(pid, size)
+
+    def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
+        if not 0 < port < 65536:
+            raise GuestFileError(errno.EINVAL, f"port {port} is not a TCP port")
+        info, state = self._running_state(sandbox_id)
+        return netns.connect(info.init_pid, int(state["init_start"]), port, timeout)
 
     def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo:
         with self._files(sandbox_id, user) as files:
@@ -617,6 +658,19 @@ class LocalRuntime:
     ) -> EntryInfo:
         with self._files(sandbox_id, user) as files:
             return files.write(path, chunks)
+
+
+@contextlib.contextmanager
+def _by_pid(pid: int) -> Iterator[None]:
+    """The agent's "no such process" as the interface's ProcessNotFound."""
+    if not 0 < pid < 1 << 31:
+        raise ProcessNotFound(f"process {pid} does not exist")
+    try:
+        yield
+    except GuestFileError as exc:
+        if exc.errno == errno.ESRCH:
+            raise ProcessNotFound(f"process {pid} is not running") from None
+        raise
 
 
 def _bury(tomb: Path) -> None:

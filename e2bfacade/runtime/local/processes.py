@@ -92,6 +92,7 @@ class ProcessEntry:
     cwd: str
     tag: str | None
     user_env: dict[str, str]
+    pty: bool
 
 
 class Agent:
@@ -143,7 +144,7 @@ class Agent:
             args: list[str] = []
             env: dict[str, str] = {}
             user_env: dict[str, str] = {}
-            cwd, tag = "/", None
+            cwd, tag, pty = "/", None, False
             for raw in payload[4:].split(b"\0"):
                 key, _, value = raw.decode(errors="replace").partition("=")
                 if key == "arg":
@@ -155,7 +156,9 @@ class Agent:
                     cwd = value
                 elif key == "tag":
                     tag = value
-            out.append(ProcessEntry(pid, tuple(args), env, cwd, tag, user_env))
+                elif key == "pty":
+                    pty = True
+            out.append(ProcessEntry(pid, tuple(args), env, cwd, tag, user_env, pty))
         return out
 
     def write_stdin(self, pid: int, data: bytes) -> None:
@@ -274,6 +277,10 @@ class AgentProcess:
         return self._status
 
     def close(self) -> None:
+        # shutdown first: it wakes a thread blocked reading this connection (close alone
+        # would not).
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
 
@@ -287,6 +294,8 @@ def start_items(account: Account, spec: ProcessSpec, env: dict[str, str], cwd: s
         items.append(f"pty={spec.pty.cols},{spec.pty.rows}")
     if spec.timeout is not None:
         items.append(f"lifetime={max(1, int(spec.timeout * 1000))}")
+    if spec.tag is not None:
+        items.append(f"tag={spec.tag}")
     items += [f"arg={a}" for a in spec.argv]
     items += [f"env={k}={v}" for k, v in env.items()]
     # Not used by the agent; kept with the process so that List can show what was asked.

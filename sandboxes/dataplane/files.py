@@ -1,0 +1,332 @@
+"""``GET /files`` and ``POST /files``: downloads and uploads, streamed both ways.
+
+An upload is parsed on a thread as it arrives (multipart/form-data, or one
+application/octet-stream body, gzip-encoded or not) and each file is handed to the runtime's
+``write_file`` chunk by chunk: the body is never held whole, on the host or anywhere else.
+Without ``X-Access-Token`` a request needs a valid signature (the SDK's signed URLs)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import hashlib
+import hmac
+import json
+import posixpath
+import queue
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError
+from e2bfacade.sandbox_runtime import get_runtime
+from sandboxes.dataplane import streams
+from sandboxes.dataplane.target import UNAUTHORIZED, Caller, header, json_body, token_ok
+
+Send = Any
+Receive = Any
+CHUNK = 1 << 16
+BODY_WINDOW = 8  # body chunks in flight between the event loop and the writing thread
+
+
+class FilesError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def files_error(exc: SandboxRuntimeError, path: str) -> FilesError:
+    if isinstance(exc, GuestFileError):
+        if exc.errno == errno.ENOENT and exc.message.startswith("user "):
+            return FilesError(401, exc.message)
+        status = {
+            errno.ENOENT: 404,
+            errno.EISDIR: 400,
+            errno.ENOTDIR: 400,
+            errno.EINVAL: 400,
+            errno.ENAMETOOLONG: 400,
+            errno.EACCES: 403,
+            errno.EPERM: 403,
+            errno.ENOSPC: 507,
+            errno.EDQUOT: 507,
+        }.get(exc.errno, 500)
+        if status == 404:
+            return FilesError(404, f"path '{path}' does not exist")
+        if status == 507:
+            return FilesError(507, f"not enough disk space to write '{path}'")
+        return FilesError(status, exc.message)
+    return FilesError(502, exc.message)
+
+
+def signature(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
+    raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration else "")
+    digest = hashlib.sha256(raw.encode()).digest()
+    return "v1_" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def authorize(
+    caller: Caller, headers: list[tuple[bytes, bytes]], query: dict[str, str], operation: str
+) -> None:
+    """The access token, or a signature over the raw path, operation, user and token."""
+    given = header(headers, b"x-access-token")
+    token = caller.sandbox.envd_access_token
+    if given is not None or token is None:
+        if not token_ok(caller.sandbox, given):
+            raise FilesError(401, UNAUTHORIZED)
+        return
+    sig = query.get("signature")
+    expiration = query.get("signature_expiration")
+    expected = signature(
+        query.get("path", ""), operation, query.get("username", ""), token, expiration
+    )
+    if not sig or not hmac.compare_digest(sig, expected):
+        raise FilesError(401, "invalid signature")
+    if expiration is not None and (not expiration.isdigit() or int(expiration) < time.time()):
+        raise FilesError(401, "signature is already expired")
+
+
+def query_of(scope: dict[str, Any]) -> dict[str, str]:
+    parsed = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return {k: v[0] for k, v in parsed.items()}
+
+
+async def respond(
+    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
+    query = query_of(scope)
+    path = query.get("path", "")
+    user = query.get("username") or caller.user
+    sandbox_id = caller.sandbox.sandbox_id
+    runtime = get_runtime()
+    try:
+        reader = await streams.call(
+            runtime.read_file, sandbox_id, path, user=user, chunk_size=CHUNK
+        )
+    except SandboxRuntimeError as exc:
+        raise files_error(exc, path) from None
+
+    def close() -> None:
+        getattr(reader, "close", lambda: None)()
+
+    try:
+        first = await streams.call(next, reader, b"")
+    except SandboxRuntimeError as exc:
+        close()
+        raise files_error(exc, path) from None
+    name = posixpath.basename(path.rstrip("/")) or "file"
+    # No Content-Length: the file may change while it is sent (and a symlink's lstat size
+    # is not its target's); the body is chunked, and is what was read.
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/octet-stream"),
+                (b"content-disposition", f"inline; filename={name}".encode()),
+            ],
+        }
+    )
+    try:
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in streams.pump(reader, close=close):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        close()
+
+
+class _Body:
+    """The request body, read by the event loop and consumed by one thread."""
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=BODY_WINDOW)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while (chunk := self.chunks.get()) is not None:
+            yield chunk
+
+
+class _Parts:
+    """A multipart body as a sequence of (headers, data chunks) parts, parsed on the
+    consuming thread."""
+
+    def __init__(self, body: Iterator[bytes], boundary: bytes) -> None:
+        self.body = body
+        self.events: list[tuple[str, Any]] = []
+        self.header_field = b""
+        self.header_value = b""
+        self.headers: dict[bytes, bytes] = {}
+        callbacks: Any = {
+            "on_part_begin": self._begin,
+            "on_header_field": lambda d, s, e: self._field(d[s:e]),
+            "on_header_value": lambda d, s, e: self._value(d[s:e]),
+            "on_header_end": self._header_end,
+            "on_headers_finished": lambda: self.events.append(("headers", dict(self.headers))),
+            "on_part_data": lambda d, s, e: self.events.append(("data", bytes(d[s:e]))),
+            "on_part_end": lambda: self.events.append(("end", None)),
+        }
+        self.parser = MultipartParser(boundary, callbacks, max_header_count=16)
+
+    def _begin(self) -> None:
+        self.headers = {}
+
+    def _field(self, data: bytes) -> None:
+        self.header_field += data
+
+    def _value(self, data: bytes) -> None:
+        self.header_value += data
+
+    def _header_end(self) -> None:
+        self.headers[self.header_field.lower()] = self.header_value
+        self.header_field = self.header_value = b""
+
+    def next_event(self) -> tuple[str, Any] | None:
+        while not self.events:
+            chunk = next(self.body, None)
+            if chunk is None:
+                return None
+            self.parser.write(chunk)
+        return self.events.pop(0)
+
+    def data(self) -> Iterator[bytes]:
+        """The current part's data, up to its end."""
+        while (event := self.next_event()) is not None:
+            if event[0] == "end":
+                return
+            if event[0] == "data" and event[1]:
+                yield event[1]
+        raise FilesError(400, "the multipart body ended in the middle of a part")
+
+
+def _gunzip(body: Iterator[bytes]) -> Iterator[bytes]:
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        for chunk in body:
+            while chunk:
+                out = inflate.decompress(chunk, CHUNK)
+                if out:
+                    yield out
+                chunk = inflate.unconsumed_tail
+        if tail := inflate.flush():
+            yield tail
+    except zlib.error as exc:
+        raise FilesError(400, f"the gzip body is not valid: {exc}") from None
+
+
+def _write(caller: Caller, path: str, user: str | None, data: Iterator[bytes]) -> dict[str, str]:
+    try:
+        entry = get_runtime().write_file(caller.sandbox.sandbox_id, path, data, user=user)
+    except SandboxRuntimeError as exc:
+        raise files_error(exc, path) from None
+    return {"path": entry.path, "name": entry.name, "type": "file"}
+
+
+def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[dict[str, str]]:
+    """On a thread: write every file of the body; the answer's list."""
+    headers = scope["headers"]
+    query = query_of(scope)
+    user = query.get("username") or caller.user
+    content_type, options = parse_options_header(header(headers, b"content-type") or "")
+    chunks = iter(body)
+    if content_type == b"multipart/form-data":
+        boundary = options.get(b"boundary")
+        if not boundary:
+            raise FilesError(400, "the multipart body has no boundary")
+        parts = _Parts(chunks, boundary)
+        written: list[dict[str, str]] = []
+        seen: set[str] = set()
+        while (event := parts.next_event()) is not None:
+            if event[0] != "headers":
+                continue
+            _, disposition = parse_options_header(event[1].get(b"content-disposition", b""))
+            if disposition.get(b"name") != b"file":
+                for _ in parts.data():  # not a file part: skipped
+                    pass
+                continue
+            path = query.get("path") or disposition.get(b"filename", b"").decode(errors="replace")
+            if not path:
+                raise FilesError(400, "a file part names no path (no ?path= and no filename)")
+            if path in seen:
+                raise FilesError(400, f"the body has two files for '{path}'")
+            seen.add(path)
+            written.append(_write(caller, path, user, parts.data()))
+        if not written:
+            raise FilesError(400, "the body holds no file")
+        return written
+    if content_type == b"application/octet-stream":
+        target = query.get("path")
+        if not target:
+            raise FilesError(400, "an octet-stream upload needs ?path=")
+        encoding = (header(headers, b"content-encoding") or "identity").lower()
+        if encoding not in ("identity", "gzip"):
+            raise FilesError(400, f"content encoding '{encoding}' is not supported")
+        data = _gunzip(chunks) if encoding == "gzip" else chunks
+        return [_write(caller, target, user, data)]
+    raise FilesError(400, f"unsupported content type '{content_type.decode(errors='replace')}'")
+
+
+async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
+    body = _Body()
+    writer = asyncio.ensure_future(streams.call(_receive_upload, caller, scope, body))
+    try:
+        more = True
+        while more and not writer.done():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if chunk:
+                while not writer.done():
+                    try:
+                        await streams.call(body.chunks.put, chunk, True, 0.5)
+                        break
+                    except queue.Full:
+                        continue
+        while not writer.done():  # the end of the body (or of the client)
+            try:
+                await streams.call(body.chunks.put, None, True, 0.5)
+                break
+            except queue.Full:
+                continue
+        written = await writer
+    except BaseException:
+        writer.cancel()
+        raise
+    await respond(send, 200, json.dumps(written).encode())
+
+
+async def files(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
+    query = query_of(scope)
+    method = scope["method"]
+    try:
+        if method not in ("GET", "POST"):
+            raise FilesError(405, f"method {method} is not allowed on /files")
+        authorize(caller, scope["headers"], query, "read" if method == "GET" else "write")
+        if method == "GET":
+            await download(scope, send, caller)
+        else:
+            await upload(scope, receive, send, caller)
+    except FilesError as exc:
+        await respond(send, exc.status, json_body(exc.status, exc.message))

@@ -1,0 +1,208 @@
+"""``filesystem.Filesystem``: envd's file service over the runtime's file operations.
+
+Paths are resolved inside the guest (the runtime's business), relative ones and ``~`` under
+the caller's home. An entry is reported as envd reports it: a symlink with the type and
+mode of what it points at, ``isSymlink`` set and its absolute target; ``mode`` is the
+permission bits only and ``permissions`` Go's ``FileMode.String()``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from e2b.envd.filesystem import filesystem_pb as pb
+from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
+
+from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError, SandboxRuntimeError
+from e2bfacade.sandbox_runtime import get_runtime
+from sandboxes.dataplane import streams
+from sandboxes.dataplane.process import rpc_error
+from sandboxes.dataplane.target import current
+
+if TYPE_CHECKING:
+    from connectrpc.request import RequestContext
+
+FILE_TYPES = {
+    FileType.FILE: pb.FileType.FILE,
+    FileType.DIRECTORY: pb.FileType.DIRECTORY,
+    FileType.SYMLINK: pb.FileType.SYMLINK,
+}
+MAX_LINK_HOPS = 8
+
+
+def permissions(mode: int) -> str:
+    """Go's ``os.FileMode.String()`` of a file: ``-rw-r--r--``, ``drwxr-xr-x``,
+    ``Lrwxrwxrwx``."""
+    kind = "d" if stat.S_ISDIR(mode) else "L" if stat.S_ISLNK(mode) else "-"
+    bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    return kind + bits
+
+
+def _followed(sandbox_id: str, user: str | None, entry: EntryInfo) -> tuple[EntryInfo | None, str]:
+    """What a symlink points at (None when it dangles or loops) and its absolute target."""
+    target = posixpath.normpath(
+        posixpath.join(posixpath.dirname(entry.path), entry.symlink_target or "")
+    )
+    seen = entry
+    for _ in range(MAX_LINK_HOPS):
+        try:
+            seen = get_runtime().stat(sandbox_id, target, user=user)
+        except GuestFileError:
+            return None, target
+        if seen.type is not FileType.SYMLINK:
+            return seen, target
+        target = posixpath.normpath(
+            posixpath.join(posixpath.dirname(seen.path), seen.symlink_target or "")
+        )
+    return None, target
+
+
+def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryInfo:
+    """Blocking (a symlink's target is looked up): call on a thread."""
+    shown, target, link = entry, None, entry.type is FileType.SYMLINK
+    if link:
+        followed, target = _followed(sandbox_id, user, entry)
+        shown = followed if followed is not None else entry
+    kind = FILE_TYPES.get(shown.type, pb.FileType.UNSPECIFIED)
+    if link and shown is entry:
+        kind = pb.FileType.UNSPECIFIED  # a dangling link: the SDK's list drops these
+    seconds = int(entry.modified_time)
+    return pb.EntryInfo(
+        name=entry.name,
+        type=kind,
+        path=entry.path,
+        size=shown.size,
+        mode=shown.mode & 0o777,
+        permissions=permissions(entry.mode),
+        owner=entry.owner,
+        group=entry.group,
+        modified_time=Timestamp(seconds=seconds, nanos=int((entry.modified_time - seconds) * 1e9)),
+        symlink_target=target,
+        is_symlink=link,
+    )
+
+
+def _stat_info(sandbox_id: str, user: str | None, path: str) -> pb.EntryInfo:
+    return entry_info(sandbox_id, user, get_runtime().stat(sandbox_id, path, user=user))
+
+
+class FilesystemService:
+    """The ``filesystem.Filesystem`` service of the caller's sandbox."""
+
+    async def stat(
+        self, request: pb.StatRequest, ctx: RequestContext[object, object]
+    ) -> pb.StatResponse:
+        caller = current.get()
+        try:
+            entry = await streams.call(
+                _stat_info, caller.sandbox.sandbox_id, caller.user, request.path
+            )
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.StatResponse(entry=entry)
+
+    async def make_dir(
+        self, request: pb.MakeDirRequest, ctx: RequestContext[object, object]
+    ) -> pb.MakeDirResponse:
+        caller = current.get()
+        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
+        runtime = get_runtime()
+        try:
+            made = await streams.call(runtime.make_dir, sandbox_id, request.path, user=user)
+            entry = await streams.call(_stat_info, sandbox_id, user, request.path)
+        except GuestFileError as exc:
+            if exc.errno in (17, 20):  # EEXIST / ENOTDIR: a file is in the way
+                raise ConnectError(
+                    Code.INVALID_ARGUMENT, f"path '{request.path}' exists and is not a directory"
+                ) from None
+            raise rpc_error(exc) from None
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        if not made:
+            raise ConnectError(Code.ALREADY_EXISTS, f"directory '{request.path}' already exists")
+        return pb.MakeDirResponse(entry=entry)
+
+    async def move(
+        self, request: pb.MoveRequest, ctx: RequestContext[object, object]
+    ) -> pb.MoveResponse:
+        caller = current.get()
+        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
+        try:
+            moved = await streams.call(
+                get_runtime().move, sandbox_id, request.source, request.destination, user=user
+            )
+            entry = await streams.call(entry_info, sandbox_id, user, moved)
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.MoveResponse(entry=entry)
+
+    async def list_dir(
+        self, request: pb.ListDirRequest, ctx: RequestContext[object, object]
+    ) -> pb.ListDirResponse:
+        caller = current.get()
+        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
+        depth = request.depth or 1
+
+        def listed() -> list[pb.EntryInfo]:
+            runtime = get_runtime()
+            entry = runtime.stat(sandbox_id, request.path, user=user)
+            if entry.type is FileType.SYMLINK:
+                followed, _ = _followed(sandbox_id, user, entry)
+                if followed is None:
+                    raise GuestFileError(40, f"path '{request.path}' is a broken or cyclic link")
+                entry = followed
+            if entry.type is not FileType.DIRECTORY:
+                raise GuestFileError(20, f"path '{request.path}' is not a directory")
+            return [
+                entry_info(sandbox_id, user, e)
+                for e in runtime.list_dir(sandbox_id, request.path, user=user, depth=depth)
+            ]
+
+        try:
+            entries = await streams.call(listed)
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.ListDirResponse(entries=entries)
+
+    async def remove(
+        self, request: pb.RemoveRequest, ctx: RequestContext[object, object]
+    ) -> pb.RemoveResponse:
+        caller = current.get()
+        try:
+            await streams.call(
+                get_runtime().remove, caller.sandbox.sandbox_id, request.path, user=caller.user
+            )
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.RemoveResponse()
+
+    # Watchers are not built yet: an explicit error, never a watch that reports nothing.
+    async def watch_dir(
+        self, request: pb.WatchDirRequest, ctx: RequestContext[object, object]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
+        raise ConnectError(
+            Code.UNIMPLEMENTED, "watching directories is not supported by this server yet"
+        )
+        yield pb.WatchDirResponse()  # unreachable: makes this the async generator a stream is
+
+    async def create_watcher(
+        self, request: pb.CreateWatcherRequest, ctx: RequestContext[object, object]
+    ) -> pb.CreateWatcherResponse:
+        raise ConnectError(
+            Code.UNIMPLEMENTED, "watching directories is not supported by this server yet"
+        )
+
+    async def get_watcher_events(
+        self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[object, object]
+    ) -> pb.GetWatcherEventsResponse:
+        raise ConnectError(Code.NOT_FOUND, f"watcher '{request.watcher_id}' not found")
+
+    async def remove_watcher(
+        self, request: pb.RemoveWatcherRequest, ctx: RequestContext[object, object]
+    ) -> pb.RemoveWatcherResponse:
+        raise ConnectError(Code.NOT_FOUND, f"watcher '{request.watcher_id}' not found")

@@ -1,0 +1,87 @@
+"""Which sandbox (and which port in it) a data-plane request is for, whether it may reach
+it, and the answers E2B's proxy gives when it may not (the SDKs match their wording)."""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hmac
+import json
+import re
+from dataclasses import dataclass
+
+from e2bfacade.runtime.base import SandboxInfo
+
+ENVD_PORT = 49983
+# The sandbox id as the SDK puts it in a host name: <port>-<id>.<domain>.
+HOST_LABEL = re.compile(r"(?P<port>\d{1,5})-(?P<id>[a-z0-9]{1,63})")
+NOT_FOUND = "The sandbox was not found"
+PORT_CLOSED = "The sandbox is running but port is not open"
+UNAUTHORIZED = (
+    "unauthorized access, please provide a valid access token or method signing if supported"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    sandbox_id: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The request being served: its sandbox and the guest user it acts as (Basic auth's
+    user name, or None for the sandbox's default user)."""
+
+    sandbox: SandboxInfo
+    user: str | None
+
+
+current: contextvars.ContextVar[Caller] = contextvars.ContextVar("dataplane_caller")
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def resolve(headers: list[tuple[bytes, bytes]], domain: str) -> Target | None:
+    """Headers first (single-URL mode: ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port``), else
+    the host name ``<port>-<id>.<SANDBOX_DOMAIN>``; None when the request names neither."""
+    sandbox_id = header(headers, b"e2b-sandbox-id")
+    if sandbox_id:
+        port = header(headers, b"e2b-sandbox-port") or str(ENVD_PORT)
+        return Target(sandbox_id, int(port)) if port.isdigit() and int(port) < 65536 else None
+    host = (header(headers, b"host") or "").lower()
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    domain = domain.lower().split(":", 1)[0]
+    label, _, rest = name.partition(".")
+    match = HOST_LABEL.fullmatch(label)
+    if match and rest == domain and int(match["port"]) < 65536:
+        return Target(match["id"], int(match["port"]))
+    return None
+
+
+def token_ok(sandbox: SandboxInfo, given: str | None) -> bool:
+    """The sandbox's envd access token, compared in constant time (no token: open)."""
+    if sandbox.envd_access_token is None:
+        return True
+    return given is not None and hmac.compare_digest(given, sandbox.envd_access_token)
+
+
+def basic_user(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The user name of ``Authorization: Basic base64(user:)``; None without one."""
+    value = header(headers, b"authorization")
+    if not value or not value.lower().startswith("basic "):
+        return None
+    try:
+        decoded = base64.b64decode(value[6:].strip(), validate=True).decode()
+    except ValueError:
+        return ""  # present but unreadable: no such user
+    return decoded.partition(":")[0] or None
+
+
+def json_body(code: int, message: str, **extra: object) -> bytes:
+    return json.dumps({**extra, "code": code, "message": message}).encode()
