@@ -62,48 +62,32 @@ export PROMETHEUS_MULTIPROC_DIR
 mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 find "$PROMETHEUS_MULTIPROC_DIR" -maxdepth 1 -name '*.db' -delete
 
-# No gunicorn access log: each request already gets one JSON line (request id, route,
-# status, duration, team, idempotency outcome) on stderr. Add `--access-logfile -` for both.
-.venv/bin/gunicorn e2bfacade.wsgi --bind 127.0.0.1:3000 --workers "$workers" &
-gunicorn_pid=$!
-worker_pid=""
-cleanup() {
-    kill -TERM "$gunicorn_pid" $worker_pid 2>/dev/null || true
-    wait "$gunicorn_pid" $worker_pid 2>/dev/null || true
-    if [[ -n "${own_metrics_dir:-}" ]]; then rm -rf "$PROMETHEUS_MULTIPROC_DIR"; fi
-}
-trap cleanup INT TERM EXIT
-
-for _ in $(seq 100); do
-    "$python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
-        "$base_url/health" 2>/dev/null && break
-    kill -0 "$gunicorn_pid" 2>/dev/null || { log "gunicorn exited at start"; exit 1; }
-    sleep 0.2
-done
-
-# The lifecycle worker (timeouts, abandoned claims, reconciliation, purges) runs beside
-# gunicorn and stops with it: SIGTERM lets it finish its tick. Started once gunicorn is up,
-# so that gunicorn's start-up cleaning of the metrics directory cannot remove its files.
-"$python" manage.py run_worker &
-worker_pid=$!
+sandbox_url=http://127.0.0.1:3001
 
 cat <<MSG
 
-e2bfacade is running:
-  API           $base_url  (gunicorn pid $gunicorn_pid, $workers workers)
-  worker        lifecycle worker pid $worker_pid
+e2bfacade is starting (python manage.py serve: API, data plane and lifecycle worker):
+  API           $base_url  ($workers gunicorn workers)
+  sandboxes     $sandbox_url  (the data plane: commands, files, ports of every sandbox)
   API docs      $base_url/docs  (schema: $base_url/openapi.json)
   admin         $base_url/admin/  (make a login: .venv/bin/python manage.py createsuperuser)
   health        $base_url/health, readiness $base_url/health/ready
   metrics       $base_url/metrics  (files in $PROMETHEUS_MULTIPROC_DIR)
-Logs: one JSON line per request on stderr. Ctrl-C stops both.
+Logs: one JSON line per API request on stderr. Ctrl-C stops everything (sandboxes and their
+commands go on running, and are found again on the next start).
 
 Point the E2B SDK at it:
 
 export E2B_API_URL=$base_url
+export E2B_SANDBOX_URL=$sandbox_url
 export E2B_API_KEY=$key
 
 MSG
 
-# Whichever stops first takes the other down with it (the EXIT trap).
-wait -n "$gunicorn_pid" "$worker_pid" || true
+cleanup() {
+    if [[ -n "${own_metrics_dir:-}" ]]; then rm -rf "$PROMETHEUS_MULTIPROC_DIR"; fi
+}
+trap cleanup EXIT
+# No gunicorn access log: each request already gets one JSON line (request id, route,
+# status, duration, team, idempotency outcome) on stderr.
+"$python" manage.py serve --bind 127.0.0.1:3000 --sandbox-bind 127.0.0.1:3001 --workers "$workers"

@@ -380,6 +380,29 @@ class EntryInfo:
     symlink_target: str | None = None
 
 
+class FsChange(enum.IntEnum):
+    """What happened to a watched directory's entry (inotify's kinds, as fsnotify names them)."""
+
+    CREATE = 1
+    WRITE = 2
+    REMOVE = 3
+    RENAME = 4
+    CHMOD = 5
+
+
+@dataclass(frozen=True)
+class FsEvent:
+    change: FsChange
+    name: str  # relative to the watched directory
+
+
+class DirWatch(Protocol):
+    """A directory followed for changes until closed (iterating blocks until the next)."""
+
+    def __iter__(self) -> Iterator[FsEvent]: ...
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     image_id: str
@@ -440,6 +463,25 @@ class Runtime(Protocol):
         ...
 
     def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None: ...
+    def watch_dir(
+        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> DirWatch:
+        """Follow the changes of a directory (and, ``recursive``, of every one under it)."""
+        ...
+
+    def create_watcher(
+        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> str:
+        """A watcher kept by the sandbox, whose changes :meth:`watcher_events` drains: it
+        outlives the caller, as a process does. Its id is returned."""
+        ...
+
+    def watcher_events(self, sandbox_id: str, watcher_id: str) -> builtins.list[FsEvent]:
+        """Raises GuestFileError(ENOENT) for an unknown watcher, EOVERFLOW when changes
+        were lost since the last call."""
+        ...
+
+    def remove_watcher(self, sandbox_id: str, watcher_id: str) -> None: ...
     def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
         """A TCP connection to ``port`` on the sandbox's own loopback (what listens inside
         it, reached from the host without any network between them). Raises

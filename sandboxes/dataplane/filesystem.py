@@ -8,6 +8,8 @@ permission bits only and ``permissions`` Go's ``FileMode.String()``.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import posixpath
 import stat
 from collections.abc import AsyncIterator
@@ -16,12 +18,19 @@ from typing import TYPE_CHECKING
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_pb as pb
+from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
-from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError, SandboxRuntimeError
+from e2bfacade.runtime.base import (
+    EntryInfo,
+    FileType,
+    FsChange,
+    GuestFileError,
+    SandboxRuntimeError,
+)
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
-from sandboxes.dataplane.process import rpc_error
+from sandboxes.dataplane.process import keepalive_interval, rpc_error
 from sandboxes.dataplane.target import current
 
 if TYPE_CHECKING:
@@ -33,6 +42,13 @@ FILE_TYPES = {
     FileType.SYMLINK: pb.FileType.SYMLINK,
 }
 MAX_LINK_HOPS = 8
+EVENT_TYPES = {
+    FsChange.CREATE: pb.EventType.CREATE,
+    FsChange.WRITE: pb.EventType.WRITE,
+    FsChange.REMOVE: pb.EventType.REMOVE,
+    FsChange.RENAME: pb.EventType.RENAME,
+    FsChange.CHMOD: pb.EventType.CHMOD,
+}
 
 
 def permissions(mode: int) -> str:
@@ -181,28 +197,82 @@ class FilesystemService:
             raise rpc_error(exc) from None
         return pb.RemoveResponse()
 
-    # Watchers are not built yet: an explicit error, never a watch that reports nothing.
+    # Watchers: kept by the sandbox's agent (a sync watcher outlives this process).
     async def watch_dir(
         self, request: pb.WatchDirRequest, ctx: RequestContext[object, object]
     ) -> AsyncIterator[pb.WatchDirResponse]:
-        raise ConnectError(
-            Code.UNIMPLEMENTED, "watching directories is not supported by this server yet"
-        )
-        yield pb.WatchDirResponse()  # unreachable: makes this the async generator a stream is
+        caller = current.get()
+        try:
+            watch = await streams.call(
+                get_runtime().watch_dir,
+                caller.sandbox.sandbox_id,
+                request.path,
+                recursive=bool(request.recursive),
+                user=caller.user,
+            )
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))  # type: ignore[arg-type]
+        interval = keepalive_interval(ctx)
+        changes = streams.pump(iter(watch), close=watch.close).__aiter__()
+        try:
+            while True:
+                try:
+                    change = await asyncio.wait_for(anext(changes), interval)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    keep = pb.WatchDirResponse.KeepAlive()
+                    yield pb.WatchDirResponse(event=Oneof("keepalive", keep))  # type: ignore[arg-type]
+                    continue
+                event = pb.FilesystemEvent(name=change.name, type=EVENT_TYPES[change.change])
+                yield pb.WatchDirResponse(event=Oneof("filesystem", event))  # type: ignore[arg-type]
+        finally:
+            await changes.aclose()  # type: ignore[attr-defined]
+            watch.close()
 
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[object, object]
     ) -> pb.CreateWatcherResponse:
-        raise ConnectError(
-            Code.UNIMPLEMENTED, "watching directories is not supported by this server yet"
-        )
+        caller = current.get()
+        try:
+            watcher_id = await streams.call(
+                get_runtime().create_watcher,
+                caller.sandbox.sandbox_id,
+                request.path,
+                recursive=bool(request.recursive),
+                user=caller.user,
+            )
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.CreateWatcherResponse(watcher_id=watcher_id)
 
     async def get_watcher_events(
         self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[object, object]
     ) -> pb.GetWatcherEventsResponse:
-        raise ConnectError(Code.NOT_FOUND, f"watcher '{request.watcher_id}' not found")
+        caller = current.get()
+        try:
+            changes = await streams.call(
+                get_runtime().watcher_events, caller.sandbox.sandbox_id, request.watcher_id
+            )
+        except GuestFileError as exc:
+            if exc.errno == errno.EOVERFLOW:
+                raise ConnectError(Code.RESOURCE_EXHAUSTED, exc.message) from None
+            raise rpc_error(exc) from None
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.GetWatcherEventsResponse(
+            events=[pb.FilesystemEvent(name=c.name, type=EVENT_TYPES[c.change]) for c in changes]
+        )
 
     async def remove_watcher(
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[object, object]
     ) -> pb.RemoveWatcherResponse:
-        raise ConnectError(Code.NOT_FOUND, f"watcher '{request.watcher_id}' not found")
+        caller = current.get()
+        try:
+            await streams.call(
+                get_runtime().remove_watcher, caller.sandbox.sandbox_id, request.watcher_id
+            )
+        except SandboxRuntimeError as exc:
+            raise rpc_error(exc) from None
+        return pb.RemoveWatcherResponse()

@@ -233,3 +233,30 @@ def test_a_port_inside_the_sandbox_is_forwarded(sbx: Sandbox, envd_env: LiveServ
     )
     assert closed.status_code == 502 and "port is not open" in closed.json()["message"]
     sbx.commands.kill(server.pid)
+
+
+def test_a_watched_directory_reports_its_changes(sbx: Sandbox) -> None:
+    from e2b import FilesystemEventType
+
+    sbx.files.make_dir("/home/user/w/sub")
+    handle = sbx.files.watch_dir("/home/user/w", recursive=True)
+    sbx.files.write("/home/user/w/a.txt", "a")
+    sbx.files.write("/home/user/w/sub/b.txt", "b")
+    sbx.files.remove("/home/user/w/a.txt")
+    seen: set[tuple[str, FilesystemEventType]] = set()
+    for _ in range(50):
+        seen |= {(e.name, e.type) for e in handle.get_new_events()}
+        if ("a.txt", FilesystemEventType.REMOVE) in seen and (
+            "sub/b.txt",
+            FilesystemEventType.WRITE,
+        ) in seen:
+            break
+        time.sleep(0.1)
+    assert ("a.txt", FilesystemEventType.CREATE) in seen, seen
+    assert ("sub/b.txt", FilesystemEventType.WRITE) in seen, seen
+    assert ("a.txt", FilesystemEventType.REMOVE) in seen, seen
+    handle.stop()
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+    with pytest.raises(SandboxException):
+        sbx.files.watch_dir("/home/user/no-such-dir")

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+from e2b import Sandbox
+
 from tests.support import live_checks as lc
 from tests.support.live_server import LiveServer
 
@@ -59,3 +62,30 @@ def test_a_killed_and_restarted_service_adopts_every_sandbox_in_its_state(
             assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 204
         assert lc.tagged_rows(server, tag) == dict.fromkeys(made, "killed")
         assert not set(made) & set(lc.runtime_states(server))
+
+
+def test_commands_outlive_a_killed_service_and_are_reattached(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # envd lives in the VM; here a command lives in its sandbox (its guest agent), so
+    # killing every serving process (API, data plane, worker) loses nothing.
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    monkeypatch.setenv("E2B_API_KEY", server.api_key)
+    sbx = Sandbox.create(timeout=600)
+    try:
+        handle = sbx.commands.run(
+            "for i in $(seq 1 40); do echo line$i; sleep 0.1; done", background=True
+        )
+        first = sbx.commands.run("echo before").stdout
+        assert first == "before\n"
+
+        server.restart(crash=True)
+
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert handle.pid in {p.pid for p in again.commands.list()}
+        result = again.commands.connect(handle.pid).wait()
+        assert result.exit_code == 0 and "line40" in result.stdout
+        assert again.commands.run("echo after").stdout == "after\n"
+    finally:
+        sbx.kill()

@@ -33,6 +33,8 @@ from e2bfacade.runtime.base import (
     Capacity,
     CreateRefused,
     EntryInfo,
+    FileType,
+    FsEvent,
     GuestFileError,
     ImageInfo,
     ImageInUse,
@@ -56,7 +58,13 @@ from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
-from e2bfacade.runtime.local.processes import Agent, AgentProcess, process_env, start_items
+from e2bfacade.runtime.local.processes import (
+    Agent,
+    AgentProcess,
+    AgentWatch,
+    process_env,
+    start_items,
+)
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
 
@@ -610,6 +618,37 @@ class LocalRuntime:
     def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None:
         with _by_pid(pid):
             self._agent(sandbox_id).resize(pid, size)
+
+    def _watched(self, sandbox_id: str, path: str, user: str | None) -> str:
+        """The guest path of a directory the user may watch (it must exist)."""
+        with self._files(sandbox_id, user) as files:
+            entry = files.stat(path)
+            if entry.type is not FileType.DIRECTORY:
+                raise GuestFileError(errno.ENOTDIR, f"path '{path}' is not a directory")
+            return files.path(path)
+
+    def watch_dir(
+        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> AgentWatch:
+        guest = self._watched(sandbox_id, path, user)
+        return self._agent(sandbox_id).watch(guest, recursive=recursive)
+
+    def create_watcher(
+        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> str:
+        guest = self._watched(sandbox_id, path, user)
+        return f"w{self._agent(sandbox_id).new_watcher(guest, recursive=recursive)}"
+
+    def _watcher_number(self, watcher_id: str) -> int:
+        if not (watcher_id.startswith("w") and watcher_id[1:].isdigit()):
+            raise GuestFileError(errno.ENOENT, f"watcher '{watcher_id}' does not exist")
+        return int(watcher_id[1:]) & 0xFFFFFFFF
+
+    def watcher_events(self, sandbox_id: str, watcher_id: str) -> builtins.list[FsEvent]:
+        return self._agent(sandbox_id).watcher_changes(self._watcher_number(watcher_id))
+
+    def remove_watcher(self, sandbox_id: str, watcher_id: str) -> None:
+        self._agent(sandbox_id).remove_watcher(self._watcher_number(watcher_id))
 
     def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
         if not 0 < port < 65536:

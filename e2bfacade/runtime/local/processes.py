@@ -10,6 +10,7 @@ from it is bounded (a frame is at most :data:`MAX_FRAME` bytes) and checked.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from e2bfacade.runtime.base import (
     ExitStatus,
+    FsChange,
+    FsEvent,
     GuestFileError,
     ProcessSpec,
     PtySize,
@@ -114,7 +117,7 @@ class Agent:
 
     def _call(self, kind: bytes, payload: bytes) -> list[tuple[bytes, bytes]]:
         """A request answered by frames ending in 'A' (returned before it) or 'E' (raised)."""
-        frames: list[tuple[bytes, bytes]] = []
+        frames: list[tuple[bytes, bytes]] = []  # at most 8192 (a watcher keeps fewer)
         with self._open(kind, payload) as sock:
             while True:
                 frame = read_frame(sock)
@@ -125,7 +128,7 @@ class Agent:
                 if frame[0] == b"E":
                     raise _error(frame[1])
                 frames.append(frame)
-                if len(frames) > 8192:
+                if len(frames) > 16384:
                     raise AgentGone("the sandbox's agent sent too much")
 
     def start(self, items: list[str], *, pty: bool) -> AgentProcess:
@@ -173,6 +176,64 @@ class Agent:
 
     def resize(self, pid: int, size: PtySize) -> None:
         self._call(b"Z", struct.pack(">IHH", pid, size.cols, size.rows))
+
+    # Watchers: the path is a guest path the caller has checked (an existing directory).
+    def watch(self, path: str, *, recursive: bool) -> AgentWatch:
+        sock = self._open(b"W", bytes([recursive]) + path.encode(), timeout=None)
+        first = read_frame(sock)
+        if first is None or first[0] != b"w":
+            sock.close()
+            if first is not None and first[0] == b"E":
+                raise _error(first[1])
+            raise AgentGone("the sandbox's agent did not start the watch")
+        return AgentWatch(sock)
+
+    def new_watcher(self, path: str, *, recursive: bool) -> int:
+        frames = []
+        with self._open(b"N", bytes([recursive]) + path.encode()) as sock:
+            while (frame := read_frame(sock)) is not None:
+                frames.append(frame)
+        for kind, payload in frames:
+            if kind == b"E":
+                raise _error(payload)
+            if kind == b"w" and len(payload) == 4:
+                return int(struct.unpack(">I", payload)[0])
+        raise AgentGone("the sandbox's agent did not make the watcher")
+
+    def watcher_changes(self, watcher_id: int) -> builtins.list[FsEvent]:
+        frames = self._call(b"G", struct.pack(">I", watcher_id))
+        return [_change(payload) for kind, payload in frames if kind == b"F"]
+
+    def remove_watcher(self, watcher_id: int) -> None:
+        self._call(b"Q", struct.pack(">I", watcher_id))
+
+
+def _change(payload: bytes) -> FsEvent:
+    return FsEvent(FsChange(payload[0]), payload[1:].decode(errors="replace"))
+
+
+class AgentWatch:
+    """A directory followed by the agent on one connection; closing it ends the watch."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def __iter__(self) -> Iterator[FsEvent]:
+        while True:
+            try:
+                frame = read_frame(self._sock)
+            except OSError:
+                return
+            if frame is None:
+                return
+            if frame[0] == b"F" and frame[1] and 1 <= frame[1][0] <= 5:
+                yield _change(frame[1])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._sock.close()
 
 
 class AgentProcess:
