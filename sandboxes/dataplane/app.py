@@ -8,6 +8,7 @@ Run it with ``python manage.py serve`` (all of the service) or, alone, with
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
@@ -15,6 +16,9 @@ import django
 
 django.setup()
 
+from connectrpc.code import Code  # noqa: E402
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec  # noqa: E402
+from connectrpc.errors import ConnectError  # noqa: E402
 from django.conf import settings  # noqa: E402
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication  # noqa: E402
 from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E402
@@ -22,7 +26,7 @@ from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E40
 from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError, SandboxState  # noqa: E402
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
 from sandboxes.dataplane import streams  # noqa: E402
-from sandboxes.dataplane.files import files, respond  # noqa: E402
+from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
 from sandboxes.dataplane.filesystem import FilesystemService  # noqa: E402
 from sandboxes.dataplane.ports import forward  # noqa: E402
 from sandboxes.dataplane.process import ProcessService  # noqa: E402
@@ -31,6 +35,7 @@ from sandboxes.dataplane.target import (  # noqa: E402
     NOT_FOUND,
     UNAUTHORIZED,
     Caller,
+    Target,
     basic_user,
     current,
     header,
@@ -46,8 +51,41 @@ Send = Any
 
 # Request messages are small (a command line, a path); stdin goes in pieces the SDK sizes.
 READ_MAX = 8 << 20
-process_app = ProcessASGIApplication(ProcessService(), read_max_bytes=READ_MAX)  # type: ignore[arg-type]
-filesystem_app = FilesystemASGIApplication(FilesystemService(), read_max_bytes=READ_MAX)  # type: ignore[arg-type]
+
+
+class _Strict:
+    """A codec whose undecodable message is the caller's error (invalid_argument, 400),
+    as connect-go answers it, not an unknown server error (connectrpc's default: 500)."""
+
+    def __init__(self, inner: Codec[Any, Any]) -> None:
+        self._inner = inner
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def encode(self, message: object) -> bytes:
+        return self._inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[object]) -> object:
+        try:
+            return self._inner.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is the request's
+            raise ConnectError(Code.INVALID_ARGUMENT, f"malformed request message: {exc}") from None
+
+
+CODECS = [_Strict(proto_json_codec()), _Strict(proto_binary_codec())]
+process_app = ProcessASGIApplication(
+    ProcessService(),  # type: ignore[arg-type]
+    read_max_bytes=READ_MAX,
+    codecs=CODECS,
+)
+filesystem_app = FilesystemASGIApplication(
+    FilesystemService(),  # type: ignore[arg-type]
+    read_max_bytes=READ_MAX,
+    codecs=CODECS,
+)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
@@ -64,6 +102,26 @@ async def _deny(send: Send, status: int, message: str, **extra: object) -> None:
     await respond(send, status, json_body(status, message, **extra))
 
 
+def _signed_target(scope: Scope) -> Target | None:
+    """The sandbox a signed ``/files`` URL was made for, when it names none: the SDK's
+    ``download_url``/``upload_url`` under ``E2B_SANDBOX_URL`` carry no sandbox id, only a
+    signature over the sandbox's token, so the token that verifies it names the sandbox.
+    (One hash per running sandbox; only for such requests.)"""
+    query = query_of(scope)
+    given = query.get("signature")
+    if not given:
+        return None
+    operation = "read" if scope.get("method") == "GET" else "write"
+    path, user = query.get("path", ""), query.get("username", "")
+    for info in get_runtime().list():
+        token = info.envd_access_token
+        if token and hmac.compare_digest(
+            given, signature(path, operation, user, token, query.get("signature_expiration"))
+        ):
+            return Target(info.sandbox_id, ENVD_PORT)
+    return None
+
+
 async def application(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
@@ -74,6 +132,8 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         if target is None or target.port == ENVD_PORT:
             await send({"type": "websocket.close", "code": 1008})
             return
+    if target is None and scope.get("path") == "/files" and scope["type"] == "http":
+        target = await streams.call(_signed_target, scope)
     if target is None:
         await _deny(
             send,

@@ -53,6 +53,12 @@ def files_error(exc: SandboxRuntimeError, path: str) -> FilesError:
             errno.ENAMETOOLONG: 400,
             errno.EACCES: 403,
             errno.EPERM: 403,
+            errno.EROFS: 403,
+            errno.EBUSY: 400,
+            errno.EXDEV: 400,
+            errno.ENOTEMPTY: 400,
+            errno.ELOOP: 400,
+            errno.EFBIG: 507,
             errno.ENOSPC: 507,
             errno.EDQUOT: 507,
         }.get(exc.errno, 500)

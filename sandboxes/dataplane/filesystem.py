@@ -99,7 +99,8 @@ def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryI
         group=entry.group,
         modified_time=Timestamp(seconds=seconds, nanos=int((entry.modified_time - seconds) * 1e9)),
         symlink_target=target,
-        is_symlink=link,
+        # Not set: envd (0.6.x) has no isSymlink; the SDK would report a link as a link
+        # instead of as what it points at, as E2B's sandboxes do.
     )
 
 

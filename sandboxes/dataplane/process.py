@@ -32,6 +32,7 @@ from e2bfacade.runtime.base import (
     RuntimeConflict,
     SandboxNotFound,
     SandboxRuntimeError,
+    SandboxState,
     Stream,
 )
 from e2bfacade.sandbox_runtime import get_runtime
@@ -77,6 +78,13 @@ def rpc_error(exc: SandboxRuntimeError) -> ConnectError:
             errno.EINVAL: Code.INVALID_ARGUMENT,
             errno.ENAMETOOLONG: Code.INVALID_ARGUMENT,
             errno.ELOOP: Code.FAILED_PRECONDITION,
+            errno.EBUSY: Code.FAILED_PRECONDITION,
+            errno.EXDEV: Code.FAILED_PRECONDITION,
+            errno.ENOTEMPTY: Code.FAILED_PRECONDITION,
+            errno.ETXTBSY: Code.FAILED_PRECONDITION,
+            errno.EROFS: Code.PERMISSION_DENIED,
+            errno.EFBIG: Code.RESOURCE_EXHAUSTED,
+            errno.EMFILE: Code.RESOURCE_EXHAUSTED,
             errno.ENOSPC: Code.RESOURCE_EXHAUSTED,
             errno.EDQUOT: Code.RESOURCE_EXHAUSTED,
             errno.EAGAIN: Code.RESOURCE_EXHAUSTED,
@@ -147,10 +155,22 @@ async def follow(
         status = await streams.call(proc.wait)
         if lifetime and deadline is not None and time.monotonic() >= deadline - 0.05:
             raise ConnectError(Code.DEADLINE_EXCEEDED, "the process's lifetime elapsed")
+        if status.signal == signal.SIGKILL and not await _still_running():
+            # Killed with its sandbox: unavailable, which makes the SDK ask /health (502) and
+            # report the sandbox as no longer running, as it does when envd's VM goes away.
+            raise ConnectError(Code.UNAVAILABLE, "the sandbox ended while the process ran")
         yield end_event(status)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
         proc.close()
+
+
+async def _still_running() -> bool:
+    try:
+        info = await streams.call(get_runtime().status, current.get().sandbox.sandbox_id)
+    except SandboxRuntimeError:
+        return False
+    return info.state is SandboxState.RUNNING
 
 
 def start_event(pid: int) -> pb.ProcessEvent:

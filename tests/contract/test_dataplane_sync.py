@@ -5,6 +5,7 @@ caller names resolves inside the guest, with the caller's permissions."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -168,8 +169,12 @@ def test_hostile_paths_stay_inside_the_guest(sbx: Sandbox) -> None:
 def test_signed_urls_download_and_upload(sbx: Sandbox, envd_env: LiveServer) -> None:
     sbx.files.write("/tmp/signed.txt", "signed content")
     url = sbx.download_url("/tmp/signed.txt", use_signature_expiration=60)
-    got = httpx.get(url, headers={"E2b-Sandbox-Id": sbx.sandbox_id})
+    # As a browser or curl fetches it: the URL alone (its signature names the sandbox).
+    got = httpx.get(url)
     assert got.status_code == 200 and got.text == "signed content"
+    expired = sbx.download_url("/tmp/signed.txt", use_signature_expiration=-10)
+    refused = httpx.get(expired)
+    assert refused.status_code == 401 and "expired" in refused.json()["message"]
     tampered = url.replace("signed.txt", "other.txt")
     assert httpx.get(tampered, headers={"E2b-Sandbox-Id": sbx.sandbox_id}).status_code == 401
     up = sbx.upload_url("/tmp/up.txt")
@@ -260,3 +265,31 @@ def test_a_watched_directory_reports_its_changes(sbx: Sandbox) -> None:
         handle.get_new_events()
     with pytest.raises(SandboxException):
         sbx.files.watch_dir("/home/user/no-such-dir")
+
+
+def test_killing_the_sandbox_ends_its_streams_with_not_running(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    from e2b import SandboxNotRunningException
+
+    sbx = make_sandbox()
+    handle = sbx.commands.run("sleep 60", background=True)
+    killer = threading.Timer(0.5, sbx.kill)
+    killer.start()
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        handle.wait()
+    killer.join()
+
+
+def test_a_paused_sandbox_keeps_its_commands_and_they_go_on_after_resume(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sbx = make_sandbox()
+    handle = sbx.commands.run("for i in 1 2 3 4 5; do echo $i; sleep 0.2; done", background=True)
+    time.sleep(0.3)
+    assert sbx.pause()
+    assert sbx.is_running() is False
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    follower = resumed.commands.connect(handle.pid)
+    result = follower.wait()
+    assert result.exit_code == 0 and result.stdout.endswith("5\n")

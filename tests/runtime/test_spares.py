@@ -153,6 +153,19 @@ def test_without_spares_nothing_is_made_ahead() -> None:
         destroy_runtime(runtime)
 
 
+def test_spares_of_another_helper_version_are_never_claimed_and_are_swept(rt: LocalRuntime) -> None:
+    from e2bfacade.runtime.local.spares import Spares
+
+    rt.spares.fill()
+    parked = rt.cgroups.spare_groups()
+    assert parked
+    upgraded = Spares(rt.layout, rt.cgroups, lambda: rt.root, target=2, version="newer")
+    assert upgraded.ready() == []
+    assert upgraded.claim(rt.root / "sandboxes") is None
+    upgraded.sweep(set)
+    assert not set(parked) & set(rt.cgroups.spare_groups())
+
+
 def test_discarding_spares_leaves_no_process_group_mount_or_device(rt: LocalRuntime) -> None:
     filled(rt)
     pool = str(rt.disk_pool.dir)

@@ -120,7 +120,13 @@ class LocalRuntime:
         # Work a create would otherwise wait for, done ahead in the background: launchers
         # already in their groups (spares.py) and formatted disks (disks.DiskPool), up to
         # ``spares`` of each (0: none; every create then does it all itself).
-        self.spares = Spares(self.layout, self.cgroups, lambda: build.ensure_daemon(root), spares)
+        self.spares = Spares(
+            self.layout,
+            self.cgroups,
+            lambda: build.ensure_daemon(root),
+            spares,
+            version=build.source_hash(),
+        )
         self.disk_pool = DiskPool(self.layout, spares)
         self._pool_sizes: dict[int, None] = {DEFAULT_DISK_MB: None}  # most recent last
         self._refilling = threading.Lock()
@@ -370,6 +376,10 @@ class LocalRuntime:
         the id's lock. Returns whether anything existed."""
         d = self.layout.sandbox_dir(sandbox_id)
         existed = d.exists() or self.cgroups.exists(sandbox_id)
+        # Gone for everyone from here on, before its processes die: whoever sees one of them
+        # end (a data-plane stream) asks, and learns that the sandbox ended, not the command.
+        with contextlib.suppress(FileNotFoundError):
+            (d / "state.json").rename(d / ".state.ending")
         if self.cgroups.exists(sandbox_id):
             self.cgroups.kill_all(sandbox_id)
             if not self.cgroups.wait_empty(sandbox_id):

@@ -325,36 +325,42 @@ class GuestFiles:
             raise GuestFileError(errno.EINVAL, f"depth must be between 1 and {MAX_DEPTH}")
         fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
         out: list[EntryInfo] = []
-        # Iterative walk with an explicit stack: a deep guest tree cannot exhaust ours.
-        stack = [(fd, path, 1)]
+        # Depth first, names in order (as envd's WalkDir lists them), with an explicit stack
+        # of (directory fd, its path, its level, the names left): a deep guest tree cannot
+        # exhaust ours.
+        stack: list[tuple[int, str, int, list[str]]] = []
         try:
+            stack.append((fd, path, 1, sorted(os.listdir(fd), reverse=True)))
             while stack:
-                dir_fd, dir_path, level = stack.pop()
-                try:
-                    names = sorted(os.listdir(dir_fd))
-                    for name in names:
-                        child = f"{dir_path.rstrip('/')}/{name}"
-                        entry = self._lstat_in(dir_fd, name, child)
-                        out.append(entry)
-                        if entry.type is FileType.DIRECTORY and level < depth:
-                            try:
-                                sub = os.open(
-                                    name,
-                                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                    dir_fd=dir_fd,
-                                )
-                            except OSError:
-                                continue  # unreadable: listed, not descended into
-                            try:
-                                _check_fs(sub, child)
-                            except GuestFileError:
-                                os.close(sub)
-                                continue  # the guest's /proc and /sys: listed, not walked
-                            stack.append((sub, child, level + 1))
-                finally:
+                dir_fd, dir_path, level, names = stack[-1]
+                if not names:
                     os.close(dir_fd)
+                    stack.pop()
+                    continue
+                name = names.pop()
+                child = f"{dir_path.rstrip('/')}/{name}"
+                try:
+                    entry = self._lstat_in(dir_fd, name, child)
+                except GuestFileError as exc:
+                    if exc.errno == errno.ENOENT:
+                        continue  # gone meanwhile: skipped, as envd skips it
+                    raise
+                out.append(entry)
+                if entry.type is not FileType.DIRECTORY or level >= depth:
+                    continue
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                except OSError:
+                    continue  # unreadable: listed, not descended into
+                try:
+                    _check_fs(sub, child)
+                    below = sorted(os.listdir(sub), reverse=True)
+                except (GuestFileError, OSError):
+                    os.close(sub)
+                    continue  # the guest's /proc and /sys, or unreadable: listed, not walked
+                stack.append((sub, child, level + 1, below))
         finally:
-            for dir_fd, _, _ in stack:
+            for dir_fd, _, _, _ in stack:
                 os.close(dir_fd)
         return out
 
@@ -442,6 +448,11 @@ class GuestFiles:
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise GuestFileError(errno.EINVAL, f"{path}: not a regular file")
+                # As envd does: the file is (re-)chowned to the writer, which a watcher of
+                # the directory sees as a chmod (where the user may; else it stays as it is).
+                with contextlib.suppress(OSError):
+                    uid, gid = self.id_base + self.account.uid, self.id_base + self.account.gid
+                    os.fchown(fd, uid, gid)
                 os.set_blocking(fd, True)
                 for chunk in chunks:
                     view = memoryview(chunk)

@@ -8,7 +8,7 @@ sandbox's groups, then leaves them). A spare pays it while nobody waits:
 
 1. :meth:`Spares.fill` makes groups named ``spare-<token>`` and asks sandboxd to park a
    launcher in them (``park=`` request): it joins them and listens on
-   ``run/sandboxd-spares/<token>.sock``.
+   ``run/sandboxd-spares/<helper version>/<token>.sock``.
 2. A create claims a spare by renaming that socket into the sandbox's directory
    (``launcher-<token>.sock``): a rename succeeds for exactly one claimer, across threads
    and processes. The driver then renames the groups to the sandbox's id (cgroup v1
@@ -46,7 +46,12 @@ CLAIM_PREFIX = "launcher-"
 
 class Spares:
     def __init__(
-        self, layout: Layout, cgroups: Cgroups, daemon: Callable[[], Path], target: int
+        self,
+        layout: Layout,
+        cgroups: Cgroups,
+        daemon: Callable[[], Path],
+        target: int,
+        version: str,
     ) -> None:
         self.layout = layout
         self.cgroups = cgroups
@@ -54,8 +59,11 @@ class Spares:
         self.target = target if cgroups.version == 1 else 0
         # Under the daemon's "sandboxd-" prefix: what finds the daemon by its command line
         # (the title of a parked launcher names its socket) finds the spares too.
-        self.dir = layout.root / "run" / "sandboxd-spares"
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        # Per helper version: after an upgrade, a spare the old binary parked must never
+        # serve a create (its agent would lack what the new service asks of it); sweep()
+        # ends those, as spares no one can claim.
+        self.dir = layout.root / "run" / "sandboxd-spares" / version
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.closed = False
 
     def ready(self) -> list[Path]:
