@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.4"
 
 
 def new_template_id() -> str:

@@ -378,6 +378,8 @@ class EntryInfo:
     group: str
     modified_time: float
     symlink_target: str | None = None
+    # User metadata kept with a regular file (the ``user.e2b.*`` extended attributes).
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 class FsChange(enum.IntEnum):
@@ -394,6 +396,15 @@ class FsChange(enum.IntEnum):
 class FsEvent:
     change: FsChange
     name: str  # relative to the watched directory
+
+
+@dataclass(frozen=True)
+class WatcherChanges:
+    """What a kept watcher saw since the last call, with what it was created for."""
+
+    path: str  # the watched directory, as a guest path
+    include_entry: bool
+    events: tuple[FsEvent, ...]
 
 
 class DirWatch(Protocol):
@@ -470,13 +481,20 @@ class Runtime(Protocol):
         ...
 
     def create_watcher(
-        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        recursive: bool = False,
+        user: str | None = None,
+        include_entry: bool = False,
     ) -> str:
         """A watcher kept by the sandbox, whose changes :meth:`watcher_events` drains: it
-        outlives the caller, as a process does. Its id is returned."""
+        outlives the caller, as a process does. Its id is returned. ``include_entry`` is
+        kept with it for the caller (who looks the entries up)."""
         ...
 
-    def watcher_events(self, sandbox_id: str, watcher_id: str) -> builtins.list[FsEvent]:
+    def watcher_events(self, sandbox_id: str, watcher_id: str) -> WatcherChanges:
         """Raises GuestFileError(ENOENT) for an unknown watcher, EOVERFLOW when changes
         were lost since the last call."""
         ...
@@ -513,6 +531,8 @@ class Runtime(Protocol):
         chunks: Iterable[bytes],
         *,
         user: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> EntryInfo:
-        """Replace the file's content with ``chunks``, creating missing parents."""
+        """Replace the file's content with ``chunks``, creating missing parents. With
+        ``metadata`` (None: leave it), the file's metadata becomes exactly that map."""
         ...

@@ -15,6 +15,7 @@ import hmac
 import json
 import posixpath
 import queue
+import re
 import time
 import zlib
 from collections.abc import Iterator
@@ -240,27 +241,60 @@ def _gunzip(body: Iterator[bytes]) -> Iterator[bytes]:
         raise FilesError(400, f"the gzip body is not valid: {exc}") from None
 
 
-def _write(caller: Caller, path: str, user: str | None, data: Iterator[bytes]) -> dict[str, str]:
+METADATA_HEADER = b"x-metadata-"
+TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+PRINTABLE = re.compile(r"[\x20-\x7e]*")
+
+
+def metadata_of(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """``X-Metadata-<Key>: value`` headers as envd takes them: keys lowercased HTTP tokens
+    of at most 246 bytes, printable ASCII values, 4096 bytes in all. Replace semantics: an
+    upload without any clears the file's metadata."""
+    out: dict[str, str] = {}
+    for name, value in headers:
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name[len(METADATA_HEADER) :].decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if not TOKEN.fullmatch(key) or len(key) > 246:
+            raise FilesError(400, f"invalid metadata key {key!r}")
+        if not PRINTABLE.fullmatch(text):
+            raise FilesError(400, f"invalid metadata value for key {key!r}")
+        out[key] = text
+    if sum(len(k) + len(v) for k, v in out.items()) > 4096:
+        raise FilesError(400, "metadata may hold at most 4096 bytes in all")
+    return out
+
+
+def _write(
+    caller: Caller, path: str, user: str | None, data: Iterator[bytes], metadata: dict[str, str]
+) -> dict[str, Any]:
     try:
-        entry = get_runtime().write_file(caller.sandbox.sandbox_id, path, data, user=user)
+        entry = get_runtime().write_file(
+            caller.sandbox.sandbox_id, path, data, user=user, metadata=metadata
+        )
     except SandboxRuntimeError as exc:
         raise files_error(exc, path) from None
-    return {"path": entry.path, "name": entry.name, "type": "file"}
+    written: dict[str, Any] = {"path": entry.path, "name": entry.name, "type": "file"}
+    if entry.metadata:
+        written["metadata"] = dict(entry.metadata)
+    return written
 
 
-def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[dict[str, str]]:
+def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[dict[str, Any]]:
     """On a thread: write every file of the body; the answer's list."""
     headers = scope["headers"]
     query = query_of(scope)
     user = query.get("username") or caller.user
     content_type, options = parse_options_header(header(headers, b"content-type") or "")
+    metadata = metadata_of(headers)
     chunks = iter(body)
     if content_type == b"multipart/form-data":
         boundary = options.get(b"boundary")
         if not boundary:
             raise FilesError(400, "the multipart body has no boundary")
         parts = _Parts(chunks, boundary)
-        written: list[dict[str, str]] = []
+        written: list[dict[str, Any]] = []
         seen: set[str] = set()
         while (event := parts.next_event()) is not None:
             if event[0] != "headers":
@@ -276,7 +310,7 @@ def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[
             if path in seen:
                 raise FilesError(400, f"the body has two files for '{path}'")
             seen.add(path)
-            written.append(_write(caller, path, user, parts.data()))
+            written.append(_write(caller, path, user, parts.data(), metadata))
         if not written:
             raise FilesError(400, "the body holds no file")
         return written
@@ -288,7 +322,7 @@ def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[
         if encoding not in ("identity", "gzip"):
             raise FilesError(400, f"content encoding '{encoding}' is not supported")
         data = _gunzip(chunks) if encoding == "gzip" else chunks
-        return [_write(caller, target, user, data)]
+        return [_write(caller, target, user, data, metadata)]
     raise FilesError(400, f"unsupported content type '{content_type.decode(errors='replace')}'")
 
 

@@ -9,6 +9,7 @@ permission bits only and ``permissions`` Go's ``FileMode.String()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import posixpath
 import stat
@@ -25,13 +26,14 @@ from e2bfacade.runtime.base import (
     EntryInfo,
     FileType,
     FsChange,
+    FsEvent,
     GuestFileError,
     SandboxRuntimeError,
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.process import keepalive_interval, rpc_error
-from sandboxes.dataplane.target import current
+from sandboxes.dataplane.target import Caller, current
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
@@ -99,6 +101,7 @@ def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryI
         group=entry.group,
         modified_time=Timestamp(seconds=seconds, nanos=int((entry.modified_time - seconds) * 1e9)),
         symlink_target=target,
+        metadata=dict(shown.metadata) or None,
         # Not set: envd (0.6.x) has no isSymlink; the SDK would report a link as a link
         # instead of as what it points at, as E2B's sandboxes do.
     )
@@ -106,6 +109,18 @@ def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryI
 
 def _stat_info(sandbox_id: str, user: str | None, path: str) -> pb.EntryInfo:
     return entry_info(sandbox_id, user, get_runtime().stat(sandbox_id, path, user=user))
+
+
+def fs_event(caller: Caller, root: str, change: FsEvent, include_entry: bool) -> pb.FilesystemEvent:
+    """Blocking (with ``include_entry``, the entry is looked up): call on a thread. The
+    entry comes with creates, writes and chmods, when the file is still there, as in envd.
+    (No network mounts are ever watched here: ``allowNetworkMounts`` changes nothing.)"""
+    entry = None
+    if include_entry and change.change in (FsChange.CREATE, FsChange.WRITE, FsChange.CHMOD):
+        sandbox_id = caller.sandbox.sandbox_id
+        with contextlib.suppress(SandboxRuntimeError):
+            entry = _stat_info(sandbox_id, caller.user, posixpath.join(root, change.name))
+    return pb.FilesystemEvent(name=change.name, type=EVENT_TYPES[change.change], entry=entry)
 
 
 class FilesystemService:
@@ -226,7 +241,9 @@ class FilesystemService:
                     keep = pb.WatchDirResponse.KeepAlive()
                     yield pb.WatchDirResponse(event=Oneof("keepalive", keep))  # type: ignore[arg-type]
                     continue
-                event = pb.FilesystemEvent(name=change.name, type=EVENT_TYPES[change.change])
+                event = await streams.call(
+                    fs_event, caller, request.path, change, bool(request.include_entry)
+                )
                 yield pb.WatchDirResponse(event=Oneof("filesystem", event))  # type: ignore[arg-type]
         finally:
             await changes.aclose()  # type: ignore[attr-defined]
@@ -243,6 +260,7 @@ class FilesystemService:
                 request.path,
                 recursive=bool(request.recursive),
                 user=caller.user,
+                include_entry=bool(request.include_entry),
             )
         except SandboxRuntimeError as exc:
             raise rpc_error(exc) from None
@@ -262,9 +280,12 @@ class FilesystemService:
             raise rpc_error(exc) from None
         except SandboxRuntimeError as exc:
             raise rpc_error(exc) from None
-        return pb.GetWatcherEventsResponse(
-            events=[pb.FilesystemEvent(name=c.name, type=EVENT_TYPES[c.change]) for c in changes]
+        events = await streams.call(
+            lambda: [
+                fs_event(caller, changes.path, c, changes.include_entry) for c in changes.events
+            ]
         )
+        return pb.GetWatcherEventsResponse(events=events)
 
     async def remove_watcher(
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[object, object]

@@ -23,11 +23,13 @@
  *   'D' eof      [u32 pid]              close its stdin. Answer 'A'.
  *   'K' signal   [u32 pid][u32 signo]   to its process group. Answer 'A'.
  *   'Z' resize   [u32 pid][u16 cols][u16 rows]. Answer 'A'.
- *   'W' watch    [u8 recursive][path]   follow a directory's changes on this connection:
+ *   'W' watch    [u8 flags][path]   follow a directory's changes on this connection (flags:
+ *                1 recursive; the others are kept for the host and handed back by 'G'):
  *                answer 'w' [u32 id], then an 'F' frame per change, until the host hangs up.
- *   'N' watcher  [u8 recursive][path]   a watcher that keeps its changes (at most 4096)
+ *   'N' watcher  [u8 flags][path]   a watcher that keeps its changes (at most 4096)
  *                until asked: answer 'w' [u32 id].
- *   'G' changes  [u32 id]   the kept changes, oldest first, as 'F' frames, then 'A'.
+ *   'G' changes  [u32 id]   'r' [u8 flags][path] first, then the kept changes, oldest first,
+ *                as 'F' frames, then 'A'.
  *   'Q' unwatch  [u32 id]   end a kept watcher. Answer 'A'.
  *
  * A change ('F') is [u8 kind][name]: 1 create, 2 write, 3 remove, 4 rename, 5 chmod, with
@@ -123,7 +125,7 @@ struct watched_dir {
 };
 
 struct watcher {
-    int used, id, fd, recursive, follower, kept, overflow;
+    int used, id, fd, recursive, flags, follower, kept, overflow;
     struct watched_dir *dirs;
     int ndirs;
     struct queue changes;
@@ -591,7 +593,8 @@ static int watcher_new(int i, const char *payload, size_t len, int follower) {
         send_error(i, errno, "cannot watch: no inotify instance left");
         return -1;
     }
-    wt->used = 1, wt->recursive = payload[0] != 0, wt->follower = follower;
+    wt->used = 1, wt->flags = (unsigned char)payload[0], wt->follower = follower;
+    wt->recursive = wt->flags & 1;
     wt->kept = follower < 0, wt->id = next_watcher_id++;
     if (wt->recursive) watch_tree(wt, watch_roots[w], "");
     else watch_add(wt, watch_roots[w], "");
@@ -787,6 +790,8 @@ static void handle_request(int i, char type, const char *payload, size_t len) {
             watcher_free(w);
         } else {
             struct watcher *wt = &watchers[w];
+            char flags = (char)wt->flags;
+            send_frame(i, 'r', &flags, 1, watch_roots[w], strlen(watch_roots[w]));
             while (wt->changes.head) { /* hand the kept frames over as they are */
                 struct chunk *c = wt->changes.head;
                 wt->changes.head = c->next;

@@ -22,7 +22,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -34,7 +34,6 @@ from e2bfacade.runtime.base import (
     CreateRefused,
     EntryInfo,
     FileType,
-    FsEvent,
     GuestFileError,
     ImageInfo,
     ImageInUse,
@@ -51,6 +50,7 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxState,
+    WatcherChanges,
     check_id,
 )
 from e2bfacade.runtime.local import build, disks, netns, trees
@@ -644,17 +644,24 @@ class LocalRuntime:
         return self._agent(sandbox_id).watch(guest, recursive=recursive)
 
     def create_watcher(
-        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
+        self,
+        sandbox_id: str,
+        path: str,
+        *,
+        recursive: bool = False,
+        user: str | None = None,
+        include_entry: bool = False,
     ) -> str:
         guest = self._watched(sandbox_id, path, user)
-        return f"w{self._agent(sandbox_id).new_watcher(guest, recursive=recursive)}"
+        agent = self._agent(sandbox_id)
+        return f"w{agent.new_watcher(guest, recursive=recursive, include_entry=include_entry)}"
 
     def _watcher_number(self, watcher_id: str) -> int:
         if not (watcher_id.startswith("w") and watcher_id[1:].isdigit()):
             raise GuestFileError(errno.ENOENT, f"watcher '{watcher_id}' does not exist")
         return int(watcher_id[1:]) & 0xFFFFFFFF
 
-    def watcher_events(self, sandbox_id: str, watcher_id: str) -> builtins.list[FsEvent]:
+    def watcher_events(self, sandbox_id: str, watcher_id: str) -> WatcherChanges:
         return self._agent(sandbox_id).watcher_changes(self._watcher_number(watcher_id))
 
     def remove_watcher(self, sandbox_id: str, watcher_id: str) -> None:
@@ -704,9 +711,10 @@ class LocalRuntime:
         chunks: Iterable[bytes],
         *,
         user: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> EntryInfo:
         with self._files(sandbox_id, user) as files:
-            return files.write(path, chunks)
+            return files.write(path, chunks, metadata)
 
 
 @contextlib.contextmanager

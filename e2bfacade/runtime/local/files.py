@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -181,6 +182,44 @@ def _name(names: dict[int, str], guest_id: int) -> str:
     return names.get(guest_id, str(guest_id))
 
 
+METADATA_PREFIX = "user.e2b."
+METADATA_MAX_BYTES = 4096
+
+
+def _read_metadata(dir_fd: int, name: str) -> dict[str, str]:
+    """A regular file's ``user.e2b.*`` attributes (empty where it cannot be read)."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return {}
+    try:
+        out = {}
+        total = 0
+        for attr in os.listxattr(fd):
+            if attr.startswith(METADATA_PREFIX):
+                value = os.getxattr(fd, attr)[:METADATA_MAX_BYTES]
+                total += len(value)
+                if total > 4 * METADATA_MAX_BYTES:
+                    break  # a guest that set more itself: what fits is shown
+                out[attr[len(METADATA_PREFIX) :]] = value.decode(errors="replace")
+        return out
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+
+
+def _set_metadata(fd: int, metadata: Mapping[str, str]) -> None:
+    """Make the file's ``user.e2b.*`` attributes exactly ``metadata`` (replace semantics)."""
+    for attr in os.listxattr(fd):
+        if attr.startswith(METADATA_PREFIX) and attr[len(METADATA_PREFIX) :] not in metadata:
+            os.removexattr(fd, attr)
+    for key, value in metadata.items():
+        os.setxattr(fd, METADATA_PREFIX + key, value.encode())
+
+
 def guest_path(path: str, home: str) -> str:
     """An absolute, normalised guest path: relative ones (and ``~``) are under ``home``."""
     if "\0" in path:
@@ -306,7 +345,12 @@ class GuestFiles:
             target = os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else None
         except OSError as exc:
             raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
-        return self._entry(path, st, target)
+        entry = self._entry(path, st, target)
+        if stat.S_ISREG(st.st_mode) and name:
+            meta = _read_metadata(dir_fd, name)
+            if meta:
+                entry = dataclasses.replace(entry, metadata=meta)
+        return entry
 
     def stat(self, path: str) -> EntryInfo:
         path = self.path(path)
@@ -426,7 +470,9 @@ class GuestFiles:
             raise
         return fd
 
-    def write(self, path: str, chunks: Iterable[bytes]) -> EntryInfo:
+    def write(
+        self, path: str, chunks: Iterable[bytes], metadata: Mapping[str, str] | None = None
+    ) -> EntryInfo:
         path = self.path(path)
         parent = path.rsplit("/", 1)[0] or "/"
         self.make_dir(parent)
@@ -458,6 +504,8 @@ class GuestFiles:
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view) :]
+                if metadata is not None:
+                    _set_metadata(fd, metadata)
             except OSError as exc:
                 raise GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
             finally:

@@ -10,7 +10,6 @@ from it is bounded (a frame is at most :data:`MAX_FRAME` bytes) and checked.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import errno
 import os
@@ -32,6 +31,7 @@ from e2bfacade.runtime.base import (
     PtySize,
     RuntimeConflict,
     Stream,
+    WatcherChanges,
 )
 from e2bfacade.runtime.local.files import Account
 
@@ -179,7 +179,7 @@ class Agent:
 
     # Watchers: the path is a guest path the caller has checked (an existing directory).
     def watch(self, path: str, *, recursive: bool) -> AgentWatch:
-        sock = self._open(b"W", bytes([recursive]) + path.encode(), timeout=None)
+        sock = self._open(b"W", bytes([int(recursive)]) + path.encode(), timeout=None)
         first = read_frame(sock)
         if first is None or first[0] != b"w":
             sock.close()
@@ -188,9 +188,10 @@ class Agent:
             raise AgentGone("the sandbox's agent did not start the watch")
         return AgentWatch(sock)
 
-    def new_watcher(self, path: str, *, recursive: bool) -> int:
+    def new_watcher(self, path: str, *, recursive: bool, include_entry: bool = False) -> int:
         frames = []
-        with self._open(b"N", bytes([recursive]) + path.encode()) as sock:
+        flags = int(recursive) | (2 if include_entry else 0)
+        with self._open(b"N", bytes([flags]) + path.encode()) as sock:
             while (frame := read_frame(sock)) is not None:
                 frames.append(frame)
         for kind, payload in frames:
@@ -200,9 +201,15 @@ class Agent:
                 return int(struct.unpack(">I", payload)[0])
         raise AgentGone("the sandbox's agent did not make the watcher")
 
-    def watcher_changes(self, watcher_id: int) -> builtins.list[FsEvent]:
+    def watcher_changes(self, watcher_id: int) -> WatcherChanges:
         frames = self._call(b"G", struct.pack(">I", watcher_id))
-        return [_change(payload) for kind, payload in frames if kind == b"F"]
+        head = next((payload for kind, payload in frames if kind == b"r" and payload), b"\0")
+        events = tuple(
+            _change(payload)
+            for kind, payload in frames
+            if kind == b"F" and payload and 1 <= payload[0] <= 5
+        )
+        return WatcherChanges(head[1:].decode(errors="replace"), bool(head[0] & 2), events)
 
     def remove_watcher(self, watcher_id: int) -> None:
         self._call(b"Q", struct.pack(">I", watcher_id))
