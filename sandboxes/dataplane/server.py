@@ -44,6 +44,9 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(host: str, port: int, workers: int) -> int:
+    # Below the control plane in the CPU's queue (DATAPLANE_NICE, default 5): a flood of
+    # output streams then slows the streams, not the API's answers.
+    os.nice(int(os.environ.get("DATAPLANE_NICE", "5")))
     sock = listen(host, port)
     if workers <= 1:
         serve(sock)

@@ -205,7 +205,7 @@ static void watcher_free(int w);
 
 static void conn_close(int i) {
     struct conn *c = &conns[i];
-    if (c->fd < 0) return;
+    if (c->fd <= 0) return;
     for (int w = 0; w < MAX_WATCHERS; w++)
         if (watchers[w].used && watchers[w].follower == i) watcher_free(w);
     unwatch(c->fd);
@@ -213,7 +213,7 @@ static void conn_close(int i) {
     queue_free(&c->out);
     free(c->in);
     memset(c, 0, sizeof *c);
-    c->fd = -1;
+    c->fd = 0; /* free (never a connection: 0..2 are /dev/null) */
     c->follows = -1;
 }
 
@@ -241,7 +241,7 @@ static void conn_flush(int i) {
 
 static void send_frame(int i, char type, const char *a, size_t alen, const char *b, size_t blen) {
     struct conn *c = &conns[i];
-    if (c->fd < 0) return;
+    if (c->fd <= 0) return;
     char head[5];
     put_u32(head, (uint32_t)(1 + alen + blen));
     head[4] = type;
@@ -306,7 +306,7 @@ static void set_output_watch(int p, int on) {
 static void proc_resume_if_caught_up(int p) {
     if (!procs[p].used || !procs[p].paused) return;
     for (int i = 0; i < MAX_CONNS; i++)
-        if (conns[i].fd >= 0 && conns[i].follows == p && conns[i].out.bytes >= QUEUE_MAX / 2)
+        if (conns[i].fd > 0 && conns[i].follows == p && conns[i].out.bytes >= QUEUE_MAX / 2)
             return;
     set_output_watch(p, 1);
     if (procs[p].exited && !procs[p].ended) finish(p);
@@ -315,9 +315,9 @@ static void proc_resume_if_caught_up(int p) {
 static void broadcast(int p, char type, const char *data, size_t len) {
     int behind = 0;
     for (int i = 0; i < MAX_CONNS; i++) {
-        if (conns[i].fd < 0 || conns[i].follows != p) continue;
+        if (conns[i].fd <= 0 || conns[i].follows != p) continue;
         send_frame(i, type, data, len, NULL, 0);
-        if (conns[i].fd >= 0 && conns[i].out.bytes >= QUEUE_MAX) behind = 1;
+        if (conns[i].fd > 0 && conns[i].out.bytes >= QUEUE_MAX) behind = 1;
     }
     if (behind && !procs[p].paused) set_output_watch(p, 0);
 }
@@ -361,7 +361,7 @@ static void finish(int p) {
     char b[4];
     put_u32(b, (uint32_t)pr->status);
     for (int i = 0; i < MAX_CONNS; i++) {
-        if (conns[i].fd < 0 || conns[i].follows != p) continue;
+        if (conns[i].fd <= 0 || conns[i].follows != p) continue;
         conns[i].follows = -1;
         send_frame(i, 'X', b, 4, NULL, 0);
         conns[i].closing = 1;
@@ -644,7 +644,7 @@ static void watcher_event(int w) {
                 frame[4] = 'F', frame[5] = kind;
                 memcpy(frame + 6, name, nl);
                 queue_push(&wt->changes, frame, 6 + nl);
-            } else if (conns[wt->follower].fd >= 0) {
+            } else if (conns[wt->follower].fd > 0) {
                 send_frame(wt->follower, 'F', &kind, 1, name, strlen(name));
             }
         }
@@ -935,8 +935,8 @@ void agent_main(int listen_fd) {
     int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     ep = epoll_create1(EPOLL_CLOEXEC);
     if (sfd < 0 || ep < 0) _exit(1);
-    for (int i = 0; i < MAX_CONNS; i++) conns[i].fd = -1, conns[i].follows = -1;
-    for (int p = 0; p < MAX_PROCS; p++) procs[p].out = procs[p].err = procs[p].in = -1;
+    /* The tables stay untouched (zero pages, no memory charged) until used: a free
+     * connection has fd 0, a free process slot is not "used". */
     watch(listen_fd, EPOLLIN, K_LISTEN, 0);
     watch(sfd, EPOLLIN, K_SIGNAL, 0);
     for (;;) {
@@ -962,12 +962,13 @@ void agent_main(int listen_fd) {
                     if (fd < 0) break;
                     int slot = -1;
                     for (int i = 0; i < MAX_CONNS && slot < 0; i++)
-                        if (conns[i].fd < 0) slot = i;
+                        if (conns[i].fd <= 0) slot = i;
                     if (slot < 0) {
                         close(fd);
                         continue;
                     }
                     conns[slot].fd = fd;
+                    conns[slot].follows = -1;
                     watch(fd, EPOLLIN, K_CONN, slot);
                 }
             } else if (kind == K_SIGNAL) {
@@ -981,9 +982,9 @@ void agent_main(int listen_fd) {
                         if (procs[p].used && !procs[p].exited && procs[p].shepherd == pid)
                             proc_ended(p, status);
             } else if (kind == K_CONN) {
-                if (conns[idx].fd < 0) continue;
+                if (conns[idx].fd <= 0) continue;
                 if (evs[k].events & EPOLLOUT) conn_flush(idx);
-                if (conns[idx].fd >= 0 && (evs[k].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+                if (conns[idx].fd > 0 && (evs[k].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
                     conn_read(idx);
             } else if (kind == K_OUT || kind == K_ERR) {
                 if (procs[idx].used) read_output(idx, kind);
