@@ -42,8 +42,9 @@ import sys, threading
 from e2b import Sandbox
 n, ids = int(sys.argv[1]), sys.argv[2:]
 boxes = [Sandbox.connect(i) for i in ids]
-handles = [boxes[k % len(boxes)].commands.run(
-    "while true; do echo tick; sleep 0.05; done", background=True, timeout=0) for k in range(n)]
+# Twenty lines a second each, without forking a sleep per line (read -t on a FIFO waits).
+TICK = "f=$(mktemp -u); mkfifo $f; exec 3<>$f; while true; do echo tick; read -t 0.05 -u 3; done"
+handles = [boxes[k % len(boxes)].commands.run(TICK, background=True, timeout=0) for k in range(n)]
 def follow(h):
     try:
         for _ in h:

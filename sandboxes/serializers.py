@@ -83,10 +83,6 @@ class NewSandboxSerializer(NullMeansAbsent):
         service_refusals = {
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
             "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
-            "autoResume": (
-                bool((attrs.get("autoResume") or {}).get("enabled")),
-                "auto-resume on traffic is not supported: this server has no sandbox traffic proxy",
-            ),
         }
         errors |= {name: [why] for name, (bad, why) in service_refusals.items() if bad}
         if errors:
@@ -112,6 +108,7 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         template_ref=body["templateID"],
         timeout=body["timeout"],
         auto_pause=body["autoPause"],
+        auto_resume=bool((body.get("autoResume") or {}).get("enabled")),
         metadata=body.get("metadata") or {},
         env_vars=body.get("envVars") or {},
     )

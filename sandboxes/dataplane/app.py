@@ -20,10 +20,17 @@ from connectrpc.code import Code  # noqa: E402
 from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec  # noqa: E402
 from connectrpc.errors import ConnectError  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication  # noqa: E402
 from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E402
 
-from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError, SandboxState  # noqa: E402
+from e2bfacade.errors import ApiError  # noqa: E402
+from e2bfacade.runtime.base import (  # noqa: E402
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxRuntimeError,
+    SandboxState,
+)
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
 from sandboxes.dataplane import streams  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
@@ -51,6 +58,9 @@ Send = Any
 
 # Request messages are small (a command line, a path); stdin goes in pieces the SDK sizes.
 READ_MAX = 8 << 20
+# How long a sandbox woken by a request runs before its timeout action, as a connect would
+# give it (the SDK's default timeout).
+AUTO_RESUME_SECONDS = 300
 
 
 class _Strict:
@@ -102,6 +112,29 @@ async def _deny(send: Send, status: int, message: str, **extra: object) -> None:
     await respond(send, status, json_body(status, message, **extra))
 
 
+def _auto_resume(sandbox_id: str) -> SandboxInfo | None:
+    """Resume a paused sandbox that was created with ``autoResume`` (through the control
+    plane's own transition, so the database and the runtime agree); its status after, or
+    None when it does not auto-resume. The only database read of the data plane, and only
+    on this path."""
+    from sandboxes.models import Sandbox
+    from sandboxes.services import sandbox_connect
+
+    try:
+        row = Sandbox.objects.select_related("team").filter(sandbox_id=sandbox_id).first()
+        if row is None or not row.auto_resume:
+            return None
+        try:
+            sandbox_connect(team=row.team, sandbox_id=sandbox_id, timeout=AUTO_RESUME_SECONDS)
+        except ApiError:
+            pass  # another request resumed it first (or it is being killed): look again
+        return get_runtime().status(sandbox_id)
+    except SandboxRuntimeError:
+        return None
+    finally:
+        close_old_connections()
+
+
 def _signed_target(scope: Scope) -> Target | None:
     """The sandbox a signed ``/files`` URL was made for, when it names none: the SDK's
     ``download_url``/``upload_url`` under ``E2B_SANDBOX_URL`` carry no sandbox id, only a
@@ -146,6 +179,9 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         sandbox = await streams.call(get_runtime().status, target.sandbox_id)
     except (SandboxNotFound, SandboxRuntimeError):
         sandbox = None
+    if sandbox is not None and sandbox.state is SandboxState.PAUSED:
+        # A sandbox created with autoResume wakes on its first request, as on E2B.
+        sandbox = await streams.call(_auto_resume, target.sandbox_id) or sandbox
     if sandbox is None or sandbox.state is not SandboxState.RUNNING:
         # Killed, never made, or paused (no auto-resume): as E2B's proxy answers.
         if scope["type"] == "websocket":

@@ -32,7 +32,6 @@ def assert_nothing_created(runtime: LocalRuntime) -> None:
         ("iam", {"role": "arn:aws:iam::1:role/x"}),
         ("volumeMounts", [{"name": "data", "path": "/data"}]),
         ("autoPauseMemory", False),
-        ("autoResume", {"enabled": True}),
     ],
 )
 def test_an_unsupported_create_field_is_refused_by_name(

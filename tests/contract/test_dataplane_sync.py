@@ -321,3 +321,20 @@ def test_watch_events_carry_entries_when_asked(sbx: Sandbox) -> None:
         time.sleep(0.1)
     handle.stop()
     assert entries and entries[0].path == "/home/user/we/x.txt", entries
+
+
+def test_a_paused_sandbox_with_auto_resume_wakes_on_its_first_request(
+    make_sandbox: Callable[..., Sandbox], envd_env: LiveServer
+) -> None:
+    sbx = make_sandbox(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    assert sbx.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+    sbx.commands.run("echo kept > /tmp/kept")
+    assert sbx.pause()
+    assert sbx.get_info().state.value == "paused"
+    # No connect: the data-plane request itself resumes it, through the control plane.
+    assert sbx.commands.run("cat /tmp/kept").stdout == "kept\n"
+    assert sbx.get_info().state.value == "running"
+    plain = make_sandbox()
+    assert plain.pause()
+    with pytest.raises(SandboxException):
+        plain.commands.run("true")  # without autoResume a paused sandbox stays paused
