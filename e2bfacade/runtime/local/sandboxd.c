@@ -1,7 +1,7 @@
 /*
  * sandboxd: the privileged helper of e2bfacade's local runtime.
  *
- * Two modes, one static binary (built by e2bfacade/runtime/build.py):
+ * Two modes, one static binary with agent.c (built by e2bfacade/runtime/local/build.py):
  *
  *   sandboxd daemon SOCKET
  *       A long-lived launcher and child subreaper. Each connection carries one "create"
@@ -13,23 +13,11 @@
  *       which reaps it when the sandbox dies. Without a subreaper a killed sandbox would stay
  *       a zombie wherever the host's PID 1 does not reap (it does not, on some VMs).
  *
- *   sandboxd exec INIT_PID CGROUP_PROCS[,CGROUP_PROCS...] UID GID CWD OPTIONS -- ARGV...
- *       Runs ARGV inside the sandbox whose init is INIT_PID: joins its cgroups and
- *       namespaces (the user namespace first), applies the guests' seccomp filter, drops the
- *       same capabilities as the init, and forks a shepherd inside the guest that runs ARGV
- *       as its child and is the subreaper of everything ARGV starts; waits, and exits with
- *       the command's status (128 + signal when killed). stdio is passed through; the
- *       environment is exactly the one this helper was given. OPTIONS is "-" or a
- *       comma-separated list of:
- *         pty          stdin is a terminal: the command gets a new session with it as its
- *                      controlling terminal (else it gets a new process group)
- *         lifetime=MS  after MS milliseconds SIGKILL the command and everything it started
- *                      (this helper is their subreaper, so none escapes by setsid)
- *         seccomp=PATH the guests' seccomp filter (required)
- *         report=FD    write "pid HOSTPID GUESTPID\n" to FD once the command runs, and
- *                      "status WAITSTATUS\n" when it ends
- *       A signal sent to this helper (TERM, INT, HUP, QUIT, USR1, USR2) is forwarded to
- *       the command's process group.
+ *   sandboxd seccomp-compile POLICY OUT
+ *       Compiles the guests' seccomp policy (seccomp.py writes it) with libseccomp.
+ *
+ * Each sandbox's init also forks the guest agent (agent.c), which runs the guest's
+ * commands; the host reaches it on the socket the init binds in the sandbox's directory.
  *
  * Create requests are NUL-separated "key=value" strings ended by an empty string:
  *   rootfs=DIR lower=A:B hostname=NAME cgroup=PROCS_FILE (repeatable)
