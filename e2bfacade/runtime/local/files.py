@@ -238,13 +238,13 @@ def guest_path(path: str, home: str) -> str:
     return "/" + "/".join(parts)
 
 
-def open_guest_root(init_pid: int, init_start: int) -> int:
-    """An ``O_PATH`` descriptor of the sandbox's root directory, as its init sees it.
+def open_init(init_pid: int, init_start: int, name: str, flags: int) -> int:
+    """``/proc/<init>/<name>`` of the sandbox's init, opened with ``flags``.
 
     Through a descriptor of ``/proc/<pid>`` checked against the init's start time: that
     directory stands for that one process (once it dies, lookups through it fail), so a
-    pid reused by a host process after the init died can never hand us the host's root.
-    """
+    pid reused by a host process after the init died can never hand us the host's root
+    (or its network namespace)."""
     try:
         proc = os.open(f"/proc/{init_pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -254,11 +254,16 @@ def open_guest_root(init_pid: int, init_start: int) -> int:
             fields = f.read().rsplit(")", 1)[1].split()
         if int(fields[19]) != init_start:
             raise SandboxGone(f"the sandbox's init {init_pid} is gone")
-        return os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+        return os.open(name, flags | os.O_CLOEXEC, dir_fd=proc)
     except ProcessLookupError:
         raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
     finally:
         os.close(proc)
+
+
+def open_guest_root(init_pid: int, init_start: int) -> int:
+    """An ``O_PATH`` descriptor of the sandbox's root directory, as its init sees it."""
+    return open_init(init_pid, init_start, "root", os.O_PATH | os.O_DIRECTORY)
 
 
 # ------------------------------------------------------------------------------ files

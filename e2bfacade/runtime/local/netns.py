@@ -16,27 +16,10 @@ import socket
 import threading
 
 from e2bfacade.runtime.base import GuestFileError
-from e2bfacade.runtime.local.files import SandboxGone
+from e2bfacade.runtime.local.files import open_init
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _open_netns(init_pid: int, init_start: int) -> int:
-    try:
-        proc = os.open(f"/proc/{init_pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
-    try:
-        with open(os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if int(fields[19]) != init_start:
-            raise SandboxGone(f"the sandbox's init {init_pid} is gone")
-        return os.open("ns/net", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-    except ProcessLookupError:
-        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
-    finally:
-        os.close(proc)
 
 
 def _socket_in(netns_fd: int) -> socket.socket:
@@ -61,7 +44,7 @@ def _socket_in(netns_fd: int) -> socket.socket:
 
 
 def connect(init_pid: int, init_start: int, port: int, timeout: float) -> socket.socket:
-    netns_fd = _open_netns(init_pid, init_start)
+    netns_fd = open_init(init_pid, init_start, "ns/net", os.O_RDONLY)
     try:
         sock = _socket_in(netns_fd)
     finally:
