@@ -74,6 +74,20 @@ log "pytest on SQLite"
 DATABASE_URL="sqlite:///$sqlite_dir/e2bfacade-test.sqlite3" .venv/bin/pytest "$@" \
     || failed+=("SQLite (exit $?)")
 
+# Nothing the suite made may outlive it: every test root is /tmp/e2b*, and its sandboxes'
+# disks, pooled disks, spare launchers and daemons must be gone with it.
+leftovers="$(
+    grep -c ' /tmp/e2b' /proc/self/mountinfo || true
+) mounts, $(
+    (losetup -a 2>/dev/null || true) | grep -c '/tmp/e2b' || true
+) loop devices, $(
+    pgrep -f 'sandboxd.* /tmp/e2b' | wc -l
+) helper processes"
+log "left behind under /tmp/e2b*: $leftovers"
+if [[ "$leftovers" != "0 mounts, 0 loop devices, 0 helper processes" ]]; then
+    failed+=("leftovers ($leftovers)")
+fi
+
 if ((${#failed[@]})); then
     log "FAILED on: ${failed[*]}"
     exit 1

@@ -65,6 +65,9 @@ def session_sandbox_root(prefix: str) -> Iterator[Path]:
     except RuntimeUnavailable:
         shutil.rmtree(root, ignore_errors=True)
         return
+    # First the spare launchers and pooled disks (the runtime the tests used refilled them
+    # in the background; its filler holds the pool's lock, so this waits for it).
+    rt.discard_spares()
     kill_everything(rt)
     for pid in helper_pids(root):
         try:
