@@ -356,6 +356,10 @@ class GuestFileError(SandboxRuntimeError):
         self.errno = errno_
 
 
+class UnknownUser(GuestFileError):
+    """The guest has no account of that name (ENOENT): the data plane's 401."""
+
+
 class FileType(enum.StrEnum):
     FILE = "file"
     DIRECTORY = "directory"

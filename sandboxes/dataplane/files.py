@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError
+from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError, UnknownUser
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.target import UNAUTHORIZED, Caller, header, json_body, token_ok
@@ -44,7 +44,7 @@ class FilesError(Exception):
 
 def files_error(exc: SandboxRuntimeError, path: str) -> FilesError:
     if isinstance(exc, GuestFileError):
-        if exc.errno == errno.ENOENT and exc.message.startswith("user "):
+        if isinstance(exc, UnknownUser):
             return FilesError(401, exc.message)
         status = {
             errno.ENOENT: 404,

@@ -32,7 +32,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
-from sandboxes.dataplane.process import keepalive_interval, rpc_error
+from sandboxes.dataplane.process import keepalive_interval, rpc, rpc_error
 from sandboxes.dataplane.target import Caller, current
 
 if TYPE_CHECKING:
@@ -130,12 +130,7 @@ class FilesystemService:
         self, request: pb.StatRequest, ctx: RequestContext[object, object]
     ) -> pb.StatResponse:
         caller = current.get()
-        try:
-            entry = await streams.call(
-                _stat_info, caller.sandbox.sandbox_id, caller.user, request.path
-            )
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        entry = await rpc(_stat_info, caller.sandbox.sandbox_id, caller.user, request.path)
         return pb.StatResponse(entry=entry)
 
     async def make_dir(
@@ -148,7 +143,7 @@ class FilesystemService:
             made = await streams.call(runtime.make_dir, sandbox_id, request.path, user=user)
             entry = await streams.call(_stat_info, sandbox_id, user, request.path)
         except GuestFileError as exc:
-            if exc.errno in (17, 20):  # EEXIST / ENOTDIR: a file is in the way
+            if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a file is in the way
                 raise ConnectError(
                     Code.INVALID_ARGUMENT, f"path '{request.path}' exists and is not a directory"
                 ) from None
@@ -164,13 +159,10 @@ class FilesystemService:
     ) -> pb.MoveResponse:
         caller = current.get()
         sandbox_id, user = caller.sandbox.sandbox_id, caller.user
-        try:
-            moved = await streams.call(
-                get_runtime().move, sandbox_id, request.source, request.destination, user=user
-            )
-            entry = await streams.call(entry_info, sandbox_id, user, moved)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        moved = await rpc(
+            get_runtime().move, sandbox_id, request.source, request.destination, user=user
+        )
+        entry = await rpc(entry_info, sandbox_id, user, moved)
         return pb.MoveResponse(entry=entry)
 
     async def list_dir(
@@ -186,31 +178,25 @@ class FilesystemService:
             if entry.type is FileType.SYMLINK:
                 followed, _ = _followed(sandbox_id, user, entry)
                 if followed is None:
-                    raise GuestFileError(40, f"path '{request.path}' is a broken or cyclic link")
+                    raise GuestFileError(
+                        errno.ELOOP, f"path '{request.path}' is a broken or cyclic link"
+                    )
                 entry = followed
             if entry.type is not FileType.DIRECTORY:
-                raise GuestFileError(20, f"path '{request.path}' is not a directory")
+                raise GuestFileError(errno.ENOTDIR, f"path '{request.path}' is not a directory")
             return [
                 entry_info(sandbox_id, user, e)
                 for e in runtime.list_dir(sandbox_id, request.path, user=user, depth=depth)
             ]
 
-        try:
-            entries = await streams.call(listed)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        entries = await rpc(listed)
         return pb.ListDirResponse(entries=entries)
 
     async def remove(
         self, request: pb.RemoveRequest, ctx: RequestContext[object, object]
     ) -> pb.RemoveResponse:
         caller = current.get()
-        try:
-            await streams.call(
-                get_runtime().remove, caller.sandbox.sandbox_id, request.path, user=caller.user
-            )
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        await rpc(get_runtime().remove, caller.sandbox.sandbox_id, request.path, user=caller.user)
         return pb.RemoveResponse()
 
     # Watchers: kept by the sandbox's agent (a sync watcher outlives this process).
@@ -218,16 +204,13 @@ class FilesystemService:
         self, request: pb.WatchDirRequest, ctx: RequestContext[object, object]
     ) -> AsyncIterator[pb.WatchDirResponse]:
         caller = current.get()
-        try:
-            watch = await streams.call(
-                get_runtime().watch_dir,
-                caller.sandbox.sandbox_id,
-                request.path,
-                recursive=bool(request.recursive),
-                user=caller.user,
-            )
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        watch = await rpc(
+            get_runtime().watch_dir,
+            caller.sandbox.sandbox_id,
+            request.path,
+            recursive=bool(request.recursive),
+            user=caller.user,
+        )
         yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))  # type: ignore[arg-type]
         interval = keepalive_interval(ctx)
         changes = streams.pump(iter(watch), close=watch.close).__aiter__()
@@ -253,33 +236,23 @@ class FilesystemService:
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[object, object]
     ) -> pb.CreateWatcherResponse:
         caller = current.get()
-        try:
-            watcher_id = await streams.call(
-                get_runtime().create_watcher,
-                caller.sandbox.sandbox_id,
-                request.path,
-                recursive=bool(request.recursive),
-                user=caller.user,
-                include_entry=bool(request.include_entry),
-            )
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        watcher_id = await rpc(
+            get_runtime().create_watcher,
+            caller.sandbox.sandbox_id,
+            request.path,
+            recursive=bool(request.recursive),
+            user=caller.user,
+            include_entry=bool(request.include_entry),
+        )
         return pb.CreateWatcherResponse(watcher_id=watcher_id)
 
     async def get_watcher_events(
         self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[object, object]
     ) -> pb.GetWatcherEventsResponse:
         caller = current.get()
-        try:
-            changes = await streams.call(
-                get_runtime().watcher_events, caller.sandbox.sandbox_id, request.watcher_id
-            )
-        except GuestFileError as exc:
-            if exc.errno == errno.EOVERFLOW:
-                raise ConnectError(Code.RESOURCE_EXHAUSTED, exc.message) from None
-            raise rpc_error(exc) from None
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        changes = await rpc(
+            get_runtime().watcher_events, caller.sandbox.sandbox_id, request.watcher_id
+        )
         events = await streams.call(
             lambda: [
                 fs_event(caller, changes.path, c, changes.include_entry) for c in changes.events
@@ -291,10 +264,5 @@ class FilesystemService:
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[object, object]
     ) -> pb.RemoveWatcherResponse:
         caller = current.get()
-        try:
-            await streams.call(
-                get_runtime().remove_watcher, caller.sandbox.sandbox_id, request.watcher_id
-            )
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        await rpc(get_runtime().remove_watcher, caller.sandbox.sandbox_id, request.watcher_id)
         return pb.RemoveWatcherResponse()

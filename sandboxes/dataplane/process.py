@@ -13,8 +13,8 @@ import asyncio
 import errno
 import signal
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -34,6 +34,7 @@ from e2bfacade.runtime.base import (
     SandboxRuntimeError,
     SandboxState,
     Stream,
+    UnknownUser,
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
@@ -55,6 +56,7 @@ SIGNAL_NAMES = {
     signal.SIGUSR1: "user defined signal 1",
     signal.SIGUSR2: "user defined signal 2",
 }
+T = TypeVar("T")
 DEFAULT_KEEPALIVE_S = 90.0
 OUTPUT_FIELD = {Stream.STDOUT: "stdout", Stream.STDERR: "stderr", Stream.PTY: "pty"}
 
@@ -67,7 +69,11 @@ def rpc_error(exc: SandboxRuntimeError) -> ConnectError:
         return ConnectError(Code.UNAVAILABLE, "The sandbox was not found")
     if isinstance(exc, RuntimeConflict):
         return ConnectError(Code.UNAVAILABLE, exc.message)
+    if isinstance(exc, UnknownUser):
+        return ConnectError(Code.UNAUTHENTICATED, f"invalid username: {exc.message}")
     if isinstance(exc, GuestFileError):
+        if exc.errno == errno.EPIPE:  # a process's stdin, closed or never opened
+            return ConnectError(Code.INTERNAL, "stdin not enabled or closed")
         code = {
             errno.ENOENT: Code.NOT_FOUND,
             errno.EACCES: Code.PERMISSION_DENIED,
@@ -85,6 +91,8 @@ def rpc_error(exc: SandboxRuntimeError) -> ConnectError:
             errno.EROFS: Code.PERMISSION_DENIED,
             errno.EFBIG: Code.RESOURCE_EXHAUSTED,
             errno.EMFILE: Code.RESOURCE_EXHAUSTED,
+            errno.EOVERFLOW: Code.RESOURCE_EXHAUSTED,  # a watcher lost changes
+            errno.ENOTTY: Code.FAILED_PRECONDITION,  # a terminal call on a pipe, or back
             errno.ENOSPC: Code.RESOURCE_EXHAUSTED,
             errno.EDQUOT: Code.RESOURCE_EXHAUSTED,
             errno.EAGAIN: Code.RESOURCE_EXHAUSTED,
@@ -101,6 +109,14 @@ def event(kind: str, value: object) -> pb.ProcessEvent:
 def output_event(stream: Stream, data: bytes) -> pb.ProcessEvent:
     output = Oneof(OUTPUT_FIELD[stream], data)
     return event("data", pb.ProcessEvent.DataEvent(output=output))  # type: ignore[arg-type]
+
+
+async def rpc(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """``fn(*args, **kwargs)`` on a thread, its runtime failures as envd's Connect errors."""
+    try:
+        return await streams.call(fn, *args, **kwargs)
+    except SandboxRuntimeError as exc:
+        raise rpc_error(exc) from None
 
 
 def end_event(status: ExitStatus) -> pb.ProcessEvent:
@@ -215,10 +231,7 @@ class ProcessService:
         self, request: pb.ListRequest, ctx: RequestContext[object, object]
     ) -> pb.ListResponse:
         caller = current.get()
-        try:
-            infos = await streams.call(get_runtime().list_processes, caller.sandbox.sandbox_id)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        infos = await rpc(get_runtime().list_processes, caller.sandbox.sandbox_id)
         return pb.ListResponse(
             processes=[
                 pb.ProcessInfo(
@@ -263,12 +276,6 @@ class ProcessService:
                 tag=request.tag or None,
             )
             proc = await streams.call(get_runtime().start_process, sandbox_id, spec)
-        except GuestFileError as exc:
-            if exc.errno == errno.ENOENT and "user" in exc.message:
-                raise ConnectError(
-                    Code.UNAUTHENTICATED, f"invalid username: {exc.message}"
-                ) from None
-            raise rpc_error(exc) from None
         except SandboxRuntimeError as exc:
             raise rpc_error(exc) from None
         yield pb.StartResponse(event=start_event(proc.pid))
@@ -279,11 +286,8 @@ class ProcessService:
         self, request: pb.ConnectRequest, ctx: RequestContext[object, object]
     ) -> AsyncIterator[pb.ConnectResponse]:
         caller = current.get()
-        try:
-            pid = await streams.call(selected_pid, request.process)
-            proc = await streams.call(get_runtime().connect_process, caller.sandbox.sandbox_id, pid)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        pid = await rpc(selected_pid, request.process)
+        proc = await rpc(get_runtime().connect_process, caller.sandbox.sandbox_id, pid)
         yield pb.ConnectResponse(event=start_event(proc.pid))
         async for event in follow(proc, ctx, lifetime=False):
             yield pb.ConnectResponse(event=event)
@@ -295,11 +299,8 @@ class ProcessService:
         if request.pty is None or request.pty.size is None:
             return pb.UpdateResponse()
         size = PtySize(cols=request.pty.size.cols, rows=request.pty.size.rows)
-        try:
-            pid = await streams.call(selected_pid, request.process)
-            await streams.call(get_runtime().process_resize, caller.sandbox.sandbox_id, pid, size)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        pid = await rpc(selected_pid, request.process)
+        await rpc(get_runtime().process_resize, caller.sandbox.sandbox_id, pid, size)
         return pb.UpdateResponse()
 
     async def _input(self, pid: int, data: pb.ProcessInput | None) -> None:
@@ -308,24 +309,12 @@ class ProcessService:
                 chunk = bytes(payload)
             case _:
                 return
-        try:
-            await streams.call(
-                get_runtime().process_stdin, current.get().sandbox.sandbox_id, pid, chunk
-            )
-        except GuestFileError as exc:
-            if exc.errno == errno.EPIPE:
-                raise ConnectError(Code.INTERNAL, "stdin not enabled or closed") from None
-            raise rpc_error(exc) from None
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        await rpc(get_runtime().process_stdin, current.get().sandbox.sandbox_id, pid, chunk)
 
     async def send_input(
         self, request: pb.SendInputRequest, ctx: RequestContext[object, object]
     ) -> pb.SendInputResponse:
-        try:
-            pid = await streams.call(selected_pid, request.process)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        pid = await rpc(selected_pid, request.process)
         await self._input(pid, request.input)
         return pb.SendInputResponse()
 
@@ -336,10 +325,7 @@ class ProcessService:
         async for message in request:
             value = message.event.value if message.event is not None else None
             if isinstance(value, pb.StreamInputRequest.StartEvent):
-                try:
-                    pid = await streams.call(selected_pid, value.process)
-                except SandboxRuntimeError as exc:
-                    raise rpc_error(exc) from None
+                pid = await rpc(selected_pid, value.process)
             elif isinstance(value, pb.StreamInputRequest.DataEvent):
                 if pid is None:
                     raise ConnectError(Code.FAILED_PRECONDITION, "the start event comes first")
@@ -350,15 +336,8 @@ class ProcessService:
         self, request: pb.CloseStdinRequest, ctx: RequestContext[object, object]
     ) -> pb.CloseStdinResponse:
         caller = current.get()
-        try:
-            pid = await streams.call(selected_pid, request.process)
-            await streams.call(get_runtime().process_close_stdin, caller.sandbox.sandbox_id, pid)
-        except GuestFileError as exc:
-            if exc.errno == errno.ENOTTY:
-                raise ConnectError(Code.FAILED_PRECONDITION, exc.message) from None
-            raise rpc_error(exc) from None
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        pid = await rpc(selected_pid, request.process)
+        await rpc(get_runtime().process_close_stdin, caller.sandbox.sandbox_id, pid)
         return pb.CloseStdinResponse()
 
     async def send_signal(
@@ -370,9 +349,6 @@ class ProcessService:
         )
         if signum is None:
             raise ConnectError(Code.UNIMPLEMENTED, f"signal {request.signal} is not supported")
-        try:
-            pid = await streams.call(selected_pid, request.process)
-            await streams.call(get_runtime().process_signal, caller.sandbox.sandbox_id, pid, signum)
-        except SandboxRuntimeError as exc:
-            raise rpc_error(exc) from None
+        pid = await rpc(selected_pid, request.process)
+        await rpc(get_runtime().process_signal, caller.sandbox.sandbox_id, pid, signum)
         return pb.SendSignalResponse()

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError, SandboxNotFound
+from e2bfacade.runtime.base import (
+    EntryInfo,
+    FileType,
+    GuestFileError,
+    SandboxNotFound,
+    UnknownUser,
+)
 
 # The guest's account files are read to resolve names; a larger one is refused, not read.
 MAX_ACCOUNT_FILE = 1 << 20
@@ -162,7 +168,7 @@ def lookup_user(root_fd: int, name: str) -> Account:
             return Account(name, int(row[2]), int(row[3]), row[5] or "/")
     if name == "root":  # uid 0 is root whatever the guest's files say (a bare rootfs has none)
         return Account("root", 0, 0, "/root")
-    raise GuestFileError(errno.ENOENT, f"user {name!r} does not exist in the sandbox")
+    raise UnknownUser(errno.ENOENT, f"user {name!r} does not exist in the sandbox")
 
 
 def id_names(root_fd: int) -> tuple[dict[int, str], dict[int, str]]:
