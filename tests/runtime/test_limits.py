@@ -49,7 +49,10 @@ def test_a_fork_bomb_stays_within_pids_max(runtime: LocalRuntime, sandbox_id: st
     finally:
         done.set()
         sampler.join()
-    assert 32 < peak <= 64, peak
+    # A refused fork is charged and then uncharged (the kernel's pids_try_charge adds, sees
+    # the limit passed, and takes it back), so a sample can catch limit + 1 for an instant;
+    # no task beyond the limit ever exists.
+    assert 32 < peak <= 64 + 1, peak
     assert int(current.read_text()) <= 64
     events = cgroup_file(runtime, sandbox_id, "pids", "pids.events").read_text()
     assert int(events.split()[1]) > 0, f"the limit was never hit: {events}"
