@@ -15,8 +15,8 @@ from e2bfacade.runtime.base import Capability
 
 # What each capability is, as a refusal puts it: "<what> is not supported by ...".
 WHAT = {
-    Capability.INTERNET_ACCESS: "internet access (sandboxes have their own loopback only; "
-    "omit it or send false)",
+    Capability.INTERNET_ACCESS: "internet access (networking is off, SANDBOX_UPLINK=none: "
+    "sandboxes have their own loopback only; send false)",
     Capability.NETWORK_RULES: "network rules",
     Capability.FILESYSTEM_PAUSE: "filesystem-only pause (a pause is a freeze, which keeps memory)",
     Capability.REBOOT_ON_RESUME: "reboot on resume (a resume always restores memory)",
@@ -31,7 +31,11 @@ WHAT = {
 
 
 def supported() -> frozenset[Capability]:
-    return registry.driver_class(settings.SANDBOX_RUNTIME).capabilities
+    caps = registry.driver_class(settings.SANDBOX_RUNTIME).capabilities
+    if settings.SANDBOX_RUNTIME_OPTIONS.get("network") is not None:
+        # The local runtime with networking configured (SANDBOX_UPLINK).
+        caps = caps | {Capability.INTERNET_ACCESS, Capability.NETWORK_RULES}
+    return caps
 
 
 def refusal(capability: Capability) -> str | None:

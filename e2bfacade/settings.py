@@ -259,8 +259,49 @@ except ValueError as exc:
     ) from exc
 if not 0 <= SANDBOX_SPARES <= 64:
     raise ImproperlyConfigured(f"SANDBOX_SPARES must be between 0 and 64, got {SANDBOX_SPARES}")
+
+
+def _sandbox_network() -> object:
+    """The local runtime's networking (e2bfacade/runtime/local/network.py), or None.
+
+    ``SANDBOX_UPLINK``: the interface sandbox traffic leaves by; ``auto`` (the default) is
+    the host's default route's, ``none`` turns networking off (sandboxes get their own
+    loopback only, and ``allow_internet_access: true`` is refused)."""
+    uplink = env.str("SANDBOX_UPLINK", default="auto")
+    if uplink == "none" or SANDBOX_RUNTIME != "local":
+        return None
+    from e2bfacade.runtime.local.network import DEFAULT_BLOCKED, NetworkConfig, default_route
+
+    gateway = env.str("SANDBOX_UPLINK_GATEWAY", default="") or None
+    if uplink == "auto":
+        route = default_route()
+        if route is None:
+            return None  # no way out: sandboxes stay on their own loopback
+        uplink, gateway = route[0], gateway or route[1]
+    blocked = env.list("SANDBOX_BLOCKED_CIDRS", default=list(DEFAULT_BLOCKED))
+    blocked += env.list("SANDBOX_EXTRA_BLOCKED_CIDRS", default=[])
+    try:
+        return NetworkConfig(
+            uplink=uplink,
+            gateway=gateway,
+            cidr=env.str("SANDBOX_NETWORK_CIDR", default="10.250.0.0/18"),
+            dns_servers=tuple(env.list("SANDBOX_DNS_SERVERS", default=["8.8.8.8"])),
+            blocked=tuple(blocked),
+            proxy_port=env.int("SANDBOX_EGRESS_PORT", default=49990),
+        )
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"sandbox networking: {exc}") from exc
+
+
+SANDBOX_NETWORK = _sandbox_network()
+# Internet access of a sandbox whose create omits allow_internet_access (E2B: allowed).
+SANDBOX_INTERNET_DEFAULT = env.bool("SANDBOX_INTERNET_DEFAULT", default=True)
 SANDBOX_RUNTIME_OPTIONS: dict[str, object] = (
-    {"snapshot_max_bytes": SANDBOX_SNAPSHOT_MAX_MB << 20, "spares": SANDBOX_SPARES}
+    {
+        "snapshot_max_bytes": SANDBOX_SNAPSHOT_MAX_MB << 20,
+        "spares": SANDBOX_SPARES,
+        "network": SANDBOX_NETWORK,
+    }
     if SANDBOX_RUNTIME == "local"
     else {}
 )

@@ -99,6 +99,12 @@ class Sandbox(models.Model):
     on_timeout = models.CharField(max_length=8, choices=OnTimeout.choices, default=OnTimeout.KILL)
     auto_resume = models.BooleanField(default=False)
     allow_internet_access = models.BooleanField(default=False)
+    # Create's egress rules as given (allowOut, denyOut, dnsServers, maskRequestHost), kept
+    # current by PUT /sandboxes/{id}/network.
+    network = models.JSONField(default=dict, blank=True)
+    # Demanded of callers of its ports (not envd's) when the create asked for
+    # allowPublicTraffic false; empty: its ports are public.
+    traffic_access_token = models.CharField(max_length=64, blank=True, default="")
 
     objects = SandboxQuerySet.as_manager()
 

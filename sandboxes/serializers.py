@@ -3,6 +3,7 @@ snake_case field ``allow_internet_access``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -31,6 +32,119 @@ class AutoResumeSerializer(NullMeansAbsent):
     enabled = StrictBooleanField(required=False, default=False)
 
 
+ALL_TRAFFIC = "0.0.0.0/0"
+DOMAIN = re.compile(
+    r"(\*\.)?([a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?|\*"
+)
+MAX_RULES = 1000
+
+
+def _cidr(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return None
+
+
+class StringListField(serializers.ListField):
+    def __init__(self, *, max_items: int, **kwargs: Any) -> None:
+        super().__init__(child=StrictCharField(max_length=253), max_length=max_items, **kwargs)
+
+
+class EgressSerializer(NullMeansAbsent):
+    """``allowOut`` / ``denyOut`` / ``dnsServers``, as E2B validates them (create's
+    ``network`` and the body of ``PUT /sandboxes/{id}/network``)."""
+
+    allowOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
+    denyOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
+    dnsServers = StringListField(required=False, allow_null=True, max_items=10)
+    # Accepted by E2B's cloud only, or not at all by this server: refused by name.
+    egressProxy = serializers.JSONField(required=False, allow_null=True)
+    rules = serializers.JSONField(required=False, allow_null=True)
+
+    def validate_allowOut(self, value: list[str] | None) -> list[str] | None:
+        for entry in value or []:
+            net = _cidr(entry)
+            if net is None:
+                if not DOMAIN.fullmatch(entry.lower().rstrip(".")):
+                    raise serializers.ValidationError(f"invalid allowed address {entry}")
+            elif net.version != 4:
+                raise serializers.ValidationError(f"IPv6 is not supported: {entry}")
+            elif net.network_address.is_unspecified and net.prefixlen != 0:
+                raise serializers.ValidationError(f"invalid allowed address {entry}")
+        return value
+
+    def validate_denyOut(self, value: list[str] | None) -> list[str] | None:
+        for entry in value or []:
+            net = _cidr(entry)
+            if net is None or (net.network_address.is_unspecified and net.prefixlen != 0):
+                raise serializers.ValidationError(f"invalid denied CIDR {entry}")
+            if net.version != 4:
+                raise serializers.ValidationError(f"IPv6 is not supported: {entry}")
+        return value
+
+    def validate_dnsServers(self, value: list[str] | None) -> list[str] | None:
+        for entry in value or []:
+            try:
+                ipaddress.IPv4Address(entry)
+            except ValueError:
+                raise serializers.ValidationError(
+                    f"invalid DNS server {entry}: an IPv4 address"
+                ) from None
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors = {
+            name: [why]
+            for name, why in (
+                ("egressProxy", "an egress proxy is not supported by this server"),
+                ("rules", "request transform rules are not supported by this server"),
+            )
+            if attrs.get(name)
+        }
+        if errors:
+            raise serializers.ValidationError(errors)
+        domains = [e for e in attrs.get("allowOut") or [] if _cidr(e) is None]
+        if domains and ALL_TRAFFIC not in (attrs.get("denyOut") or []):
+            raise serializers.ValidationError(
+                {
+                    "allowOut": [
+                        "When specifying allowed domains in allow out, you must include "
+                        "'ALL_TRAFFIC' in deny out to block all other traffic."
+                    ]
+                }
+            )
+        return attrs
+
+    def needs_rules(self) -> bool:
+        data = self.validated_data
+        return bool(data.get("allowOut") or data.get("denyOut") or data.get("dnsServers"))
+
+
+class NetworkConfigSerializer(EgressSerializer):
+    """Create's ``network``."""
+
+    allowPublicTraffic = StrictBooleanField(required=False, allow_null=True)
+    maskRequestHost = StrictCharField(required=False, allow_null=True, max_length=253)
+    httpsPorts = serializers.JSONField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name, why in (
+            ("httpsPorts", "HTTPS to sandbox ports is not supported by this server"),
+            ("maskRequestHost", "masking the Host header is not supported by this server"),
+        ):
+            if attrs.get(name):
+                raise serializers.ValidationError({name: [why]})
+        return super().validate(attrs)
+
+
+class NetworkUpdateSerializer(EgressSerializer):
+    """``PUT /sandboxes/{id}/network`` (SDK ``update_network``): replaces every egress rule;
+    what is omitted is cleared."""
+
+    allow_internet_access = StrictBooleanField(required=False, allow_null=True)
+
+
 class NewSandboxSerializer(NullMeansAbsent):
     """``POST /v2/sandboxes`` (and v1 with another default timeout). Unknown fields are
     ignored, as E2B does. Fields this server cannot honour are refused by name: accepting
@@ -43,7 +157,7 @@ class NewSandboxSerializer(NullMeansAbsent):
     autoResume = AutoResumeSerializer(required=False, allow_null=True)
     secure = StrictBooleanField(required=False, allow_null=True)  # accepted, no effect
     allow_internet_access = StrictBooleanField(required=False, allow_null=True)
-    network = serializers.JSONField(required=False, allow_null=True)
+    network = NetworkConfigSerializer(required=False, allow_null=True)
     metadata = StringMapField(
         required=False, allow_null=True, max_entries=100, max_key=256, max_value=2048
     )
@@ -71,7 +185,7 @@ class NewSandboxSerializer(NullMeansAbsent):
                     attrs.get("allow_internet_access") is True,
                     Capability.INTERNET_ACCESS,
                 ),
-                "network": (bool(attrs.get("network")), Capability.NETWORK_RULES),
+                "network": (_rules_in(attrs.get("network")), Capability.NETWORK_RULES),
                 "volumeMounts": (bool(attrs.get("volumeMounts")), Capability.VOLUME_MOUNTS),
                 "autoPauseMemory": (
                     attrs.get("autoPauseMemory") is False,
@@ -96,6 +210,10 @@ class NewSandboxSerializer(NullMeansAbsent):
         return data
 
 
+def _rules_in(network: dict[str, Any] | None) -> bool:
+    return any((network or {}).get(k) for k in ("allowOut", "denyOut", "dnsServers"))
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _json_safe(v) for k, v in value.items() if v is not None}
@@ -111,6 +229,18 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         auto_resume=bool((body.get("autoResume") or {}).get("enabled")),
         metadata=body.get("metadata") or {},
         env_vars=body.get("envVars") or {},
+        allow_internet=allow_internet(body.get("allow_internet_access")),
+        network=body.get("network") or {},
+    )
+
+
+def allow_internet(asked: bool | None) -> bool:
+    """``allow_internet_access`` as given, or the server's default when omitted (E2B's:
+    allowed), which is off when the runtime has no networking."""
+    if asked is not None:
+        return asked
+    return bool(settings.SANDBOX_INTERNET_DEFAULT) and Capability.INTERNET_ACCESS in (
+        capabilities.supported()
     )
 
 
@@ -183,8 +313,8 @@ class SandboxSerializer(serializers.Serializer[Sandbox]):
         return CLIENT_ID
 
     @extend_schema_field(NULLABLE_STRING)
-    def get_trafficAccessToken(self, obj: Sandbox) -> None:
-        return None
+    def get_trafficAccessToken(self, obj: Sandbox) -> str | None:
+        return obj.traffic_access_token or None
 
     @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
     def get_domain(self, obj: Sandbox) -> str:
@@ -220,6 +350,7 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     envdAccessToken = serializers.CharField(source="envd_access_token")
     domain = serializers.SerializerMethodField()
     allowInternetAccess = serializers.BooleanField(source="allow_internet_access")
+    network = serializers.SerializerMethodField()
     lifecycle = LifecycleSerializer(source="*")
     pauseMode = serializers.SerializerMethodField()
 
@@ -227,6 +358,13 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     def get_domain(self, obj: Sandbox) -> str:
         # as SandboxSerializer.get_domain: never null
         return str(settings.SANDBOX_DOMAIN)
+
+    @extend_schema_field(serializers.DictField())
+    def get_network(self, obj: Sandbox) -> dict[str, Any]:
+        # As E2B echoes it: the rules as given, and whether the ports are public.
+        network = dict(obj.network or {})
+        network["allowPublicTraffic"] = not obj.traffic_access_token
+        return network
 
     def get_pauseMode(self, obj: Sandbox) -> str:
         return "full"  # a pause is a freeze: memory is kept

@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.errors import BadRequest, NotFound, NothingAllocated
+from e2bfacade.errors import BadRequest, Conflict, NotFound, NothingAllocated
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
@@ -28,7 +29,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.admission import host_capacity, sandbox_admit
-from sandboxes.models import Sandbox, new_sandbox_id
+from sandboxes.models import Sandbox, new_access_token, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
     PAUSE,
@@ -56,6 +57,19 @@ class CreateRequest:
     auto_resume: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
+    allow_internet: bool = False
+    network: dict[str, Any] = field(default_factory=dict)  # create's ``network``, validated
+
+
+def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
+    """The runtime's view of a sandbox's egress (E2B's allowOut / denyOut / dnsServers)."""
+    dns = network.get("dnsServers")
+    return NetworkPolicy(
+        allow_internet=allow_internet,
+        allow_out=tuple(network.get("allowOut") or ()),
+        deny_out=tuple(network.get("denyOut") or ()),
+        dns_servers=None if dns is None else tuple(dns),
+    )
 
 
 def check_timeout(timeout: int) -> None:
@@ -101,6 +115,13 @@ def sandbox_reserve(
         env_vars=request.env_vars,
         on_timeout=Sandbox.OnTimeout.PAUSE if request.auto_pause else Sandbox.OnTimeout.KILL,
         auto_resume=request.auto_resume,
+        allow_internet_access=request.allow_internet,
+        network={
+            k: v for k, v in request.network.items() if k in ("allowOut", "denyOut", "dnsServers")
+        },
+        traffic_access_token=(
+            new_access_token() if request.network.get("allowPublicTraffic") is False else ""
+        ),
     )
 
 
@@ -130,7 +151,8 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                     **sandbox.env_vars,
                 },
                 envd_access_token=sandbox.envd_access_token,
-                network=NetworkPolicy(allow_internet=sandbox.allow_internet_access),
+                network=network_policy(sandbox.allow_internet_access, sandbox.network),
+                traffic_access_token=sandbox.traffic_access_token or None,
             )
         )
     except (CreateRefused, ImageNotFound, RuntimeUnavailable) as exc:
@@ -196,6 +218,40 @@ def sandbox_get(*, team: Team, sandbox_id: str) -> Sandbox:
     if sandbox is None:
         raise not_found(sandbox_id)
     return sandbox
+
+
+def sandbox_update_network(
+    *, team: Team, sandbox_id: str, allow_internet: bool, network: dict[str, Any]
+) -> None:
+    """Replace a running (or paused) sandbox's egress rules, live. Idempotent: the same
+    body twice leaves the same rules. Racing updates settle on the last one committed: the
+    runtime is given the stored rules again until what it applied is what is stored."""
+    sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
+    if sandbox.state not in (State.RUNNING, State.PAUSED):
+        raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
+    wanted = {k: v for k, v in network.items() if v is not None}
+    Sandbox.objects.filter(pk=sandbox.pk).update(
+        allow_internet_access=allow_internet, network=wanted
+    )
+    runtime = get_runtime()
+    for _ in range(3):
+        row = (
+            Sandbox.objects.filter(pk=sandbox.pk).values("allow_internet_access", "network").first()
+        )
+        if row is None:
+            raise not_found(sandbox_id)
+        applied = (row["allow_internet_access"], row["network"])
+        try:
+            runtime.update_network(sandbox_id, network_policy(*applied))
+        except SandboxNotFound:
+            raise not_found(sandbox_id) from None
+        except SandboxRuntimeError as exc:
+            raise runtime_error(exc) from exc
+        now = (
+            Sandbox.objects.filter(pk=sandbox.pk).values("allow_internet_access", "network").first()
+        )
+        if now is None or (now["allow_internet_access"], now["network"]) == applied:
+            return
 
 
 # --------------------------------------------------------------------------- lifecycle

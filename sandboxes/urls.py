@@ -12,6 +12,7 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/connect", V.as_view({"post": "connect"})),
     path("sandboxes/<str:sandbox_id>/resume", V.as_view({"post": "resume"})),
     path("sandboxes/<str:sandbox_id>/pause", V.as_view({"post": "pause"})),
+    path("sandboxes/<str:sandbox_id>/network", V.as_view({"put": "update_network"})),
     path("sandboxes/<str:sandbox_id>/timeout", V.as_view({"post": "set_timeout"})),
     path("sandboxes/<str:sandbox_id>/refreshes", V.as_view({"post": "refresh"})),
     path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),

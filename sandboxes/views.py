@@ -8,10 +8,13 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from e2bfacade import capabilities
 from e2bfacade.requests import body, team_of
+from e2bfacade.runtime.base import Capability
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
@@ -21,6 +24,7 @@ from sandboxes.serializers import (
     ListedSandboxSerializer,
     MetricSerializer,
     MetricsQuerySerializer,
+    NetworkUpdateSerializer,
     NewSandboxSerializer,
     NewSandboxV1Serializer,
     PauseSerializer,
@@ -29,6 +33,7 @@ from sandboxes.serializers import (
     SandboxDetailSerializer,
     SandboxSerializer,
     TimeoutBodySerializer,
+    allow_internet,
 )
 
 
@@ -142,6 +147,34 @@ class SandboxViewSet(viewsets.ViewSet):
             team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.timeout_or_default()
         )
         return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="updateSandboxNetwork",
+        request=NetworkUpdateSerializer,
+        responses={204: None, **errors(400, 404, 409, 503)},
+    )
+    def update_network(self, request: Request, sandbox_id: str) -> Response:
+        serializer = NetworkUpdateSerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        refused = capabilities.refusals(
+            {
+                "allow_internet_access": (
+                    data.get("allow_internet_access") is True,
+                    Capability.INTERNET_ACCESS,
+                ),
+                "network": (serializer.needs_rules(), Capability.NETWORK_RULES),
+            }
+        )
+        if refused:
+            raise ValidationError(refused)
+        services.sandbox_update_network(
+            team=team_of(request),
+            sandbox_id=sandbox_id,
+            allow_internet=allow_internet(data.pop("allow_internet_access", None)),
+            network={k: data.get(k) for k in ("allowOut", "denyOut", "dnsServers")},
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
         operation_id="pauseSandbox",

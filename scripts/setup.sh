@@ -16,7 +16,10 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # (/usr/share/containers/seccomp.json); sudo: the base template shows the host's /usr, and
 # its default user has passwordless sudo to guest root, as in E2B's templates;
 # e2fsprogs: each sandbox's disk is an ext4 image made with mkfs.ext4.
-packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs)
+# nftables (libnftables1) and iproute2: sandbox networking; curl: the network tests' client
+# inside sandboxes (the base template's /usr is the host's).
+packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs nftables
+    libnftables1 iproute2 curl)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

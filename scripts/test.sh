@@ -45,6 +45,8 @@ ensure_postgres_login() {
 
 ensure_postgres
 ensure_postgres_login
+# No test reaches a real network: sandboxes get the suite's own test internet or nothing.
+export SANDBOX_UPLINK=none
 
 # Run everything even when something fails, so one run shows all that is broken. Any
 # non-zero pytest status fails the suite, including 5 ("no tests collected").

@@ -18,6 +18,11 @@ from tests.support.factories import ApiKeyFactory, TeamFactory
 if is_insecure_secret_key(os.environ.get("SECRET_KEY", "")):
     os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
 settings.SECRET_KEY = os.environ["SECRET_KEY"]
+# No test sandbox ever reaches a real network: networking is off unless a test gives a
+# runtime or server the suite's own test internet as its uplink (tests/support/internet.py).
+os.environ["SANDBOX_UPLINK"] = "none"
+settings.SANDBOX_NETWORK = None
+settings.SANDBOX_RUNTIME_OPTIONS.pop("network", None)
 
 
 @pytest.fixture

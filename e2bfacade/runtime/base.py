@@ -114,19 +114,22 @@ class Capability(enum.StrEnum):
 
 @dataclass(frozen=True)
 class NetworkPolicy:
-    """A sandbox's egress, as E2B defines it: ``allow_internet`` off means loopback only;
-    on, ``deny_out`` entries (CIDRs or domain names) are refused unless ``allow_out``
-    names them. Drivers without :attr:`Capability.INTERNET_ACCESS` accept only the
-    default (no internet, no rules)."""
+    """A sandbox's egress, as E2B defines it. ``allow_internet`` off is ``deny_out`` of
+    ``0.0.0.0/0``; an address matching ``allow_out`` (CIDRs, or domain names matched by the
+    HTTP Host header or TLS server name on ports 80 and 443) is allowed even when it matches
+    ``deny_out`` (CIDRs only); anything matched by neither is allowed. ``dns_servers`` are
+    the resolvers opened when ``allow_out`` names a domain (None: the driver's default).
+    Drivers without :attr:`Capability.INTERNET_ACCESS` accept only the isolated default."""
 
     allow_internet: bool = False
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
-    dns_servers: tuple[str, ...] = ()
+    dns_servers: tuple[str, ...] | None = None
 
     @property
-    def is_loopback_only(self) -> bool:
-        return not (self.allow_internet or self.allow_out or self.deny_out or self.dns_servers)
+    def is_isolated(self) -> bool:
+        """No egress at all: what a driver without networking gives every sandbox."""
+        return not (self.allow_internet or self.allow_out)
 
 
 DEFAULT_USER = "user"
@@ -152,6 +155,9 @@ class SandboxSpec:
     default_user: str = DEFAULT_USER
     envd_access_token: str | None = None
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    # Demanded of callers of the sandbox's ports other than envd's (E2B's
+    # allowPublicTraffic false; None: its ports are public).
+    traffic_access_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,7 @@ class SandboxInfo:
     envd_access_token: str | None = None
     default_user: str = DEFAULT_USER
     env_vars: Mapping[str, str] = field(default_factory=dict)
+    traffic_access_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -447,6 +454,11 @@ class Runtime(Protocol):
     def resume(self, sandbox_id: str) -> None: ...
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
     def kill(self, sandbox_id: str) -> bool: ...
+
+    def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Replace a running or paused sandbox's egress rules, live (NETWORK_RULES)."""
+        ...
+
     def metrics(self, sandbox_id: str) -> Metrics: ...
     def capacity(self) -> Capacity: ...
     def sweep(self) -> builtins.list[str]:

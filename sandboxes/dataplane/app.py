@@ -49,6 +49,7 @@ from sandboxes.dataplane.target import (  # noqa: E402
     json_body,
     resolve,
     token_ok,
+    traffic_refusal,
 )
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,13 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         await _deny(send, 502, NOT_FOUND, sandboxId=target.sandbox_id)
         return
     if target.port != ENVD_PORT:
+        refused = traffic_refusal(sandbox, header(headers, b"e2b-traffic-access-token"))
+        if refused is not None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await _deny(send, 403, refused, sandboxId=sandbox.sandbox_id)
+            return
         await forward(scope, receive, send, sandbox, target.port)
         return
     path = scope.get("path", "")

@@ -350,20 +350,59 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
                 break
             except queue.Full:
                 continue
-        written = await writer
+        try:
+            written = await writer
+        except FilesError:
+            if more:
+                await _drain(receive)
+            raise
     except BaseException:
         writer.cancel()
         raise
     await respond(send, 200, json.dumps(written).encode())
 
 
+DRAIN_LIMIT = 256 * 1024  # as Go's net/http: a refused upload's rest is read up to this
+DRAIN_SECONDS = 2.0
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop what is left of a refused upload's body, within bounds.
+
+    An error answered while the client is still sending would otherwise be followed by a
+    close with unread bytes in the socket's buffer, which the kernel turns into a reset,
+    and the client loses the answer it was about to read (seen as "connection error" in
+    place of a 400). Past the bounds the connection is closed anyway.
+    """
+    left = DRAIN_LIMIT
+
+    async def drain() -> None:
+        nonlocal left
+        while left > 0:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    try:
+        await asyncio.wait_for(drain(), DRAIN_SECONDS)
+    except TimeoutError:
+        pass
+
+
 async def files(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
     query = query_of(scope)
     method = scope["method"]
     try:
-        if method not in ("GET", "POST"):
-            raise FilesError(405, f"method {method} is not allowed on /files")
-        authorize(caller, scope["headers"], query, "read" if method == "GET" else "write")
+        try:
+            if method not in ("GET", "POST"):
+                raise FilesError(405, f"method {method} is not allowed on /files")
+            authorize(caller, scope["headers"], query, "read" if method == "GET" else "write")
+        except FilesError:
+            await _drain(receive)
+            raise
         if method == "GET":
             await download(scope, send, caller)
         else:

@@ -1,7 +1,8 @@
 """Requests for a sandbox port other than envd's, forwarded to what listens on it inside:
 HTTP/1.1 both ways streamed (h11 speaks to the guest), WebSocket upgrades relayed message by
 message (wsproto). Nothing listening is a 502 with E2B's wording ("port is not open").
-(Restricting public traffic with ``e2b-traffic-access-token`` comes with networking.)"""
+A sandbox created with ``allowPublicTraffic: false`` is reached only with its
+``e2b-traffic-access-token`` (checked by the caller, app.py)."""
 
 from __future__ import annotations
 

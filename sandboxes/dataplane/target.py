@@ -71,6 +71,28 @@ def token_ok(sandbox: SandboxInfo, given: str | None) -> bool:
     return given is not None and hmac.compare_digest(given, sandbox.envd_access_token)
 
 
+TRAFFIC_HEADER = "e2b-traffic-access-token"
+
+
+def traffic_refusal(sandbox: SandboxInfo, given: str | None) -> str | None:
+    """Why a call to one of the sandbox's ports (not envd's) is refused, in E2B's proxy's
+    words; None when its ports are public or the token is right."""
+    expected = sandbox.traffic_access_token
+    if expected is None:
+        return None
+    if given is None:
+        return (
+            "Sandbox is secured with traffic access token. "
+            f"Token header '{TRAFFIC_HEADER}' is missing"
+        )
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        return (
+            "Sandbox is secured with traffic access token. "
+            f"Provided token in header '{TRAFFIC_HEADER}' is invalid"
+        )
+    return None
+
+
 def basic_user(headers: list[tuple[bytes, bytes]]) -> str | None:
     """The user name of ``Authorization: Basic base64(user:)``; None without one."""
     value = header(headers, b"authorization")

@@ -142,3 +142,22 @@ def test_odd_routing_headers_are_clear_errors(sbx: Sandbox, envd_env: LiveServer
         )
         got = http.post("/files?path=/tmp/gz", content=b"not gzip at all", headers=gz)
         assert got.status_code == 400, got.text
+
+
+def test_a_refused_upload_is_answered_not_reset(sbx: Sandbox, envd_env: LiveServer) -> None:
+    # The error comes before the body has been read (a bad path, a bad token): its rest is
+    # drained, so the client reads the 4xx rather than a reset connection.
+    body = b"x" * (128 * 1024)
+    refused = (
+        ("/files?path=/tmp/" + "n" * 10_000, {}),
+        ("/files?path=/tmp/ok", {"X-Access-Token": "wrong"}),
+    )
+    with httpx.Client(base_url=envd_env.sandbox_url, timeout=30) as http:
+        for _ in range(20):
+            for path, extra in refused:
+                got = http.post(
+                    path,
+                    content=body,
+                    headers=headers(sbx, **{"Content-Type": "application/octet-stream", **extra}),
+                )
+                assert got.status_code in (400, 401), (path[:40], got.status_code, got.text)

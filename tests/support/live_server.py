@@ -160,6 +160,8 @@ def _reap(root: Path) -> None:
     runtime = LocalRuntime(root)
     kill_all_sandboxes(runtime)
     runtime.discard_spares()
+    if runtime.network is not None:
+        runtime.network.teardown()
     # End the daemons of this root only, found by their path or by the socket path on their
     # command line, whatever they call themselves.
     bin_prefix = str(root / "bin").encode() + b"/"
@@ -230,6 +232,7 @@ class Server:
         self.process: subprocess.Popen[bytes] | None = None
         self.worker: subprocess.Popen[bytes] | None = None
         self.dataplane: subprocess.Popen[bytes] | None = None
+        self.egress: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start gunicorn (and the lifecycle worker) and wait for ``/health``."""
@@ -265,6 +268,16 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            if self.env.get("SANDBOX_UPLINK", "none") != "none":
+                self.egress = subprocess.Popen(
+                    [sys.executable, "-m", "e2bfacade.runtime.local.egress"]
+                    + [str(self.sandbox_root)],
+                    cwd=REPO,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             if self.lifecycle_worker:
                 self.worker = subprocess.Popen(
                     [sys.executable, "manage.py", "run_worker", "--interval", str(WORKER_INTERVAL)],
@@ -298,6 +311,7 @@ class Server:
         """Stop the lifecycle worker, the data plane and gunicorn gracefully (SIGKILL after
         15 s)."""
         _stop(self.worker)
+        _stop(self.egress)
         _stop(self.dataplane)
         _stop(self.process)
 

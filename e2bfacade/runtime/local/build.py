@@ -22,7 +22,7 @@ from e2bfacade.runtime.local import seccomp
 
 SOURCE = Path(__file__).with_name("sandboxd.c")
 # Compiled together into one static binary; all of them (and the header) name it.
-SOURCES = (SOURCE, SOURCE.with_name("agent.c"))
+SOURCES = (SOURCE, SOURCE.with_name("agent.c"), SOURCE.with_name("net.c"))
 HEADERS = (SOURCE.with_name("sandboxd.h"),)
 
 

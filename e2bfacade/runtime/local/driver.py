@@ -12,7 +12,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import re
@@ -39,6 +38,7 @@ from e2bfacade.runtime.base import (
     ImageInUse,
     LimitExceeded,
     Metrics,
+    NetworkPolicy,
     ProcessInfo,
     ProcessNotFound,
     ProcessSpec,
@@ -58,6 +58,13 @@ from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
+from e2bfacade.runtime.local.network import (
+    NetworkConfig,
+    SandboxNetwork,
+    digest_of,
+    load_config,
+    save_config,
+)
 from e2bfacade.runtime.local.processes import (
     Agent,
     AgentProcess,
@@ -66,7 +73,13 @@ from e2bfacade.runtime.local.processes import (
     start_items,
 )
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
-from e2bfacade.runtime.local.state import Layout, proc_starttime, write_json
+from e2bfacade.runtime.local.state import (
+    ID_FIRST_BASE,
+    ID_RANGE,
+    Layout,
+    proc_starttime,
+    write_json,
+)
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
@@ -94,6 +107,7 @@ class LocalRuntime:
         snapshot_max_bytes: int = DEFAULT_SNAPSHOT_MAX_BYTES,
         host_reserve_mb: int | None = None,
         spares: int = 2,
+        network: NetworkConfig | None = None,
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -110,7 +124,7 @@ class LocalRuntime:
         self.layout = Layout(root)
         self.images = ImageStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
-        digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+        digest = digest_of(root)
         self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
         self.images.migrate_xattrs()
         self._capacity = _host_capacity(root, host_reserve_mb)
@@ -128,6 +142,19 @@ class LocalRuntime:
             version=build.source_hash(),
         )
         self.disk_pool = DiskPool(self.layout, spares)
+        # Networking (network.py): given, or as the root was last configured (a restart, a
+        # second process on the same root); none: sandboxes have their own loopback only.
+        if network is not None:
+            save_config(self.layout, network)
+        config = network or load_config(self.layout)
+        self.network: SandboxNetwork | None = None
+        if config is not None:
+            self.network = SandboxNetwork(self.layout, config, digest)
+            self.network.setup()
+            self.capabilities = self.capabilities | {
+                Capability.INTERNET_ACCESS,
+                Capability.NETWORK_RULES,
+            }
         self._pool_sizes: dict[int, None] = {DEFAULT_DISK_MB: None}  # most recent last
         self._refilling = threading.Lock()
 
@@ -181,6 +208,7 @@ class LocalRuntime:
             created_at=float(state["created_at"]),
             adopted=adopted,
             envd_access_token=state.get("envd_access_token"),
+            traffic_access_token=state.get("traffic_access_token"),
             default_user=str(state.get("default_user") or DEFAULT_USER),
             env_vars=dict(state.get("env_vars") or {}),
             init_pid=pid,
@@ -205,8 +233,11 @@ class LocalRuntime:
                 raise CreateRefused(f"{name} must be between {low} and {high}, got {value}")
         if spec.hostname and not HOSTNAME_PATTERN.fullmatch(spec.hostname):
             raise CreateRefused(f"hostname {spec.hostname!r} is not a valid host name")
-        if not spec.network.is_loopback_only:
-            raise CreateRefused("the local runtime gives sandboxes loopback networking only")
+        if self.network is None and not spec.network.is_isolated:
+            raise CreateRefused(
+                "this runtime has no networking configured (SANDBOX_UPLINK): sandboxes have "
+                "their own loopback only"
+            )
         for env_name, env_value in spec.env_vars.items():
             if not ENV_NAME.fullmatch(env_name) or "\0" in env_value:
                 raise CreateRefused(f"environment variable {env_name!r} is not valid")
@@ -259,6 +290,13 @@ class LocalRuntime:
             disks.attach(d, spec.disk_mb, owner=id_base)
         # A launcher already in groups that become the sandbox's (spares.py), or one that
         # joins them itself (and waits for the kernel, on a quiet host).
+        link = None
+        if self.network is not None:
+            # Rules first, then the link: the guest never has a moment of unfiltered egress.
+            slot = (id_base - ID_FIRST_BASE) // ID_RANGE
+            self.network.apply(slot, spec.sandbox_id, spec.network)
+            link = self.network.link(slot)
+            self._write_resolv_conf(d, id_base)
         launcher = self.spares.claim(d)
         spare = Spares.group_of(launcher) if launcher is not None else None
         if spare is not None and not self.cgroups.adopt(spare, spec.sandbox_id):
@@ -277,6 +315,7 @@ class LocalRuntime:
             f"dir={d}",
             f"idbase={id_base}",
             *(f"bind={b}:{b}" for b in binds),
+            *(link.request() if link is not None else ()),
         ]
         joins = [
             *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
@@ -305,6 +344,8 @@ class LocalRuntime:
             "env_vars": dict(spec.env_vars),
             "default_user": spec.default_user,
             "envd_access_token": spec.envd_access_token,
+            "traffic_access_token": spec.traffic_access_token,
+            "network": _policy_json(spec.network) if link is not None else None,
         }
         write_json(d / "state.json", state)  # the commit point: from here it exists
         return self._info(state)
@@ -385,7 +426,12 @@ class LocalRuntime:
             if not self.cgroups.wait_empty(sandbox_id):
                 raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
             self.cgroups.remove(sandbox_id)
-        # No process of the sandbox is left: its id range may go to the next one.
+        # No process of the sandbox is left: its rules, then its id range (and with it its
+        # network slot), may go to the next one. Its link went with its network namespace.
+        if self.network is not None:
+            slot = self.layout.slot_of(sandbox_id)
+            if slot is not None:
+                self.network.release(slot)
         self.layout.id_base_free(sandbox_id)
         if d.exists():
             # A claimed launcher that never became the sandbox's (a crash between the
@@ -426,11 +472,43 @@ class LocalRuntime:
         with self.layout.locked("sandbox", sandbox_id):
             self._require(sandbox_id, SandboxState.RUNNING)
             self.cgroups.freeze(sandbox_id)
+            self._link_up(sandbox_id, False)  # no packet in or out while frozen
 
     def resume(self, sandbox_id: str) -> None:
         with self.layout.locked("sandbox", sandbox_id):
             self._require(sandbox_id, SandboxState.PAUSED)
+            self._link_up(sandbox_id, True)
             self.cgroups.thaw(sandbox_id)
+
+    def _link_up(self, sandbox_id: str, up: bool) -> None:
+        slot = self.layout.slot_of(sandbox_id)
+        if self.network is not None and slot is not None:
+            self.network.set_up(slot, up)
+
+    def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Replace the sandbox's egress rules, in one step: connections already open stay
+        open (as E2B), new ones follow the new rules."""
+        check_id(sandbox_id, "sandbox id")
+        with self.layout.locked("sandbox", sandbox_id):
+            self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
+            state = self.layout.read_state(sandbox_id) or {}
+            slot = self.layout.slot_of(sandbox_id)
+            if self.network is None or slot is None or state.get("network") is None:
+                raise RuntimeConflict(f"sandbox {sandbox_id} has no network to update")
+            self.network.apply(slot, sandbox_id, policy)
+            state["network"] = _policy_json(policy)
+            write_json(self.layout.sandbox_dir(sandbox_id) / "state.json", state)
+
+    def _write_resolv_conf(self, d: Path, owner: int) -> None:
+        """The guest's resolvers (as E2B's templates have 8.8.8.8), in its own layer."""
+        assert self.network is not None
+        etc = d / disks.MOUNT / "upper" / "etc"
+        etc.mkdir(mode=0o755, exist_ok=True)
+        os.chown(etc, owner, owner)
+        conf = etc / "resolv.conf"
+        conf.write_text("".join(f"nameserver {ip}\n" for ip in self.network.config.dns_servers))
+        os.chown(conf, owner, owner)
+        conf.chmod(0o644)
 
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo:
         """Capture the sandbox's files as image ``image_id`` (idempotent by that id). The
@@ -522,6 +600,9 @@ class LocalRuntime:
             if p.name.endswith(".deleting"):
                 _bury(p)  # a crash (or an exit) came before the background removal did
         self.spares.sweep(self._claimed_spares)
+        if self.network is not None:
+            live = {self.layout.slot_of(sid) for sid in self.layout.sandbox_ids()}
+            self.network.sweep({slot for slot in live if slot is not None})
         self.disk_pool.sweep()
         self.replenish()
         return reaped
@@ -764,3 +845,12 @@ def _host_capacity(root: Path, reserve_mb: int | None) -> Capacity:
 def _conforms(runtime: LocalRuntime) -> Runtime:
     """Never called: mypy checks here that LocalRuntime implements the whole interface."""
     return runtime
+
+
+def _policy_json(policy: NetworkPolicy) -> dict[str, Any]:
+    return {
+        "allow_internet": policy.allow_internet,
+        "allow_out": list(policy.allow_out),
+        "deny_out": list(policy.deny_out),
+        "dns_servers": None if policy.dns_servers is None else list(policy.dns_servers),
+    }

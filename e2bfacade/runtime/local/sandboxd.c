@@ -128,6 +128,8 @@ static void __attribute__((noreturn)) init_loop(void) {
 
 struct create_req {
     const char *rootfs, *lower, *hostname, *seccomp, *dir, *park;
+    const char *veth, *hostip, *guestip; /* the network link, when the sandbox has one */
+    int prefix;
     unsigned long idbase;
     const char *cgroups[MAX_ITEMS];
     int ncgroups;
@@ -556,6 +558,10 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "dir")) r->dir = v;
         else if (!strcmp(item, "park")) r->park = v;
         else if (!strcmp(item, "idbase")) r->idbase = strtoul(v, NULL, 10);
+        else if (!strcmp(item, "veth")) r->veth = v;
+        else if (!strcmp(item, "hostip")) r->hostip = v;
+        else if (!strcmp(item, "guestip")) r->guestip = v;
+        else if (!strcmp(item, "prefix")) r->prefix = (int)strtol(v, NULL, 10);
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
         else if (!strcmp(item, "leave") && r->nleave < MAX_ITEMS) r->leave[r->nleave++] = v;
@@ -563,6 +569,7 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
     }
     if (off >= len) return -1; /* no terminating empty string */
     if (r->park) return r->ncgroups > 0 && !r->rootfs ? 0 : -1;
+    if (r->veth && !(r->hostip && r->guestip && r->prefix)) return -1;
     return (r->rootfs && r->lower && r->hostname) ? 0 : -1;
 }
 
@@ -811,6 +818,12 @@ static void __attribute__((noreturn)) handle(int conn) {
     close(rep[1]);
     char status[1100] = {0};
     ssize_t n = read(rep[0], status, sizeof status - 1);
+    if (n == 2 && !memcmp(status, "OK", 2) && r.veth) {
+        /* The init runs in its namespaces: give it its link to the host (net.c). */
+        char err[256];
+        if (net_setup(child, r.veth, r.hostip, r.guestip, r.prefix, err, sizeof err) != 0)
+            n = snprintf(status, sizeof status, "ERR net: %s", err);
+    }
     if (n == 2 && !memcmp(status, "OK", 2) && parked) {
         /* We stay in the sandbox's groups (leaving would be a migration): the caller waits
          * for us to exit, which it sees on a pidfd once it closes the connection. */

@@ -2,6 +2,9 @@
 #ifndef SANDBOXD_H
 #define SANDBOXD_H
 
+#include <stddef.h>
+#include <sys/types.h>
+
 /* Overwrite our command line (what /proc/PID/cmdline shows) and the thread's name. */
 void set_title(const char *title);
 
@@ -10,5 +13,9 @@ int agent_listen(const char *path);
 
 /* The guest agent: serves the host on LISTEN_FD (see agent.c). Never returns. */
 void agent_main(int listen_fd) __attribute__((noreturn));
+
+/* Give the sandbox whose init is INIT its veth pair (see net.c); -1 with ERR set on error. */
+int net_setup(pid_t init, const char *veth, const char *host_ip, const char *guest_ip, int prefix,
+              char *err, size_t err_size);
 
 #endif

@@ -120,6 +120,10 @@ class Layout:
             (self.root / "ids" / str(slot)).unlink(missing_ok=True)
         (self.root / "ids" / f"s-{sandbox_id}").unlink(missing_ok=True)
 
+    def slot_of(self, sandbox_id: str) -> int | None:
+        """The slot ``sandbox_id`` holds (its id range, and its network addresses)."""
+        return self._slot_of(sandbox_id)
+
     def _slot_of(self, sandbox_id: str) -> int | None:
         try:
             slot = int(os.readlink(self.root / "ids" / f"s-{sandbox_id}"))

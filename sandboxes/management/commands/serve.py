@@ -24,6 +24,7 @@ from argparse import ArgumentParser
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 
@@ -105,6 +106,11 @@ class Command(BaseCommand):
             )  # fmt: skip
             if not options["no_worker"]:
                 children["worker"] = subprocess.Popen([python, "manage.py", "run_worker"])
+            if settings.SANDBOX_NETWORK is not None:
+                # Domain names in allowOut (e2bfacade/runtime/local/egress.py).
+                children["egress"] = subprocess.Popen(
+                    [python, "-m", "e2bfacade.runtime.local.egress", str(settings.SANDBOX_ROOT)]
+                )
             self.stderr.write(
                 f"[serve] API {base} (pid {children['api'].pid}), sandboxes "
                 f"http://{sandbox_host}:{sandbox_port} (pid {children['sandboxes'].pid})"

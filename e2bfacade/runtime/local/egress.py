@@ -1,0 +1,238 @@
+"""The egress proxy: domain names in ``allowOut``, matched as E2B matches them.
+
+A sandbox whose ``allowOut`` names a domain has its new TCP connections to ports 80 and 443
+redirected here by nftables (network.py, ``proxied``). The proxy reads the first bytes the
+guest sends — the HTTP request's ``Host`` header on port 80, the TLS ClientHello's server
+name on 443 — and decides in E2B's order:
+
+1. the name matches an allowed domain (``example.com`` exactly, ``*.example.com`` any name
+   below it but not itself, ``*`` anything): the proxy resolves the *name* itself, through
+   the sandboxes' DNS servers, and connects to that address — never to the address the
+   guest chose, so a guest cannot borrow an allowed name to reach another host;
+2. otherwise the address the guest connected to is judged by the CIDR rules: allowed,
+   denied, or (matched by neither) allowed.
+
+The never-reachable ranges hold here too: a name that resolves into them is refused. A
+refused connection is closed right after it was accepted (as E2B's proxy does). Every
+socket the proxy opens carries the runtime's routing mark, so it leaves by the sandboxes'
+uplink, never by the host's own routes.
+
+Run as ``python -m e2bfacade.runtime.local.egress SANDBOX_ROOT`` (``manage.py serve``
+supervises it); it serves every sandbox of that root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+import dns.exception
+import dns.message
+import dns.query
+import dns.rdatatype
+
+from e2bfacade.runtime.local.network import SandboxNetwork, digest_of, load_config
+from e2bfacade.runtime.local.state import Layout
+
+log = logging.getLogger(__name__)
+
+SO_ORIGINAL_DST = 80
+HEAD_MAX = 16 * 1024
+HEAD_SECONDS = 10.0
+CONNECT_SECONDS = 10.0
+COPY = 1 << 16
+
+
+def matches(name: str, domains: list[str]) -> bool:
+    name = name.lower().rstrip(".")
+    for domain in domains:
+        if domain == "*" or name == domain:
+            return True
+        if domain.startswith("*.") and name.endswith(domain[1:]):
+            return True
+    return False
+
+
+def server_name(hello: bytes) -> str | None:
+    """The server name of a TLS ClientHello; None when absent or not (yet) complete."""
+    try:
+        if hello[0] != 0x16 or hello[5] != 0x01:
+            return None
+        pos = 5 + 4 + 2 + 32  # record and handshake headers, version, random
+        pos += 1 + hello[pos]  # session id
+        pos += 2 + struct.unpack_from(">H", hello, pos)[0]  # cipher suites
+        pos += 1 + hello[pos]  # compression methods
+        end = pos + 2 + struct.unpack_from(">H", hello, pos)[0]
+        pos += 2
+        while pos + 4 <= end:
+            kind, size = struct.unpack_from(">HH", hello, pos)
+            pos += 4
+            if kind == 0:  # server_name: list length, type (0: host name), length, name
+                length = struct.unpack_from(">H", hello, pos + 3)[0]
+                raw = hello[pos + 5 : pos + 5 + length]
+                return raw.decode("ascii") if len(raw) == length else None
+            pos += size
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def host_header(head: bytes) -> str | None:
+    if b"\r\n\r\n" not in head:
+        return None
+    for line in head.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"host":
+            host = value.strip().decode("ascii", errors="replace")
+            if host.startswith("["):
+                return host[1 : host.find("]")]
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return None
+
+
+class EgressProxy:
+    def __init__(self, root: Path) -> None:
+        layout = Layout(root)
+        config = load_config(layout)
+        while config is None:  # written by the service's first runtime, in a moment
+            time.sleep(0.5)
+            config = load_config(layout)
+        self.net = SandboxNetwork(layout, config, digest_of(root))
+        self.blocked = [ipaddress.IPv4Network(b) for b in self.net.blocked()]
+
+    def _socket(self, kind: int) -> socket.socket:
+        s = socket.socket(socket.AF_INET, kind)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.net.mark)
+        return s
+
+    def _is_blocked(self, address: str) -> bool:
+        ip = ipaddress.IPv4Address(address)
+        return any(ip in net for net in self.blocked)
+
+    def resolve(self, name: str) -> str | None:
+        """An IPv4 address of ``name`` from the sandboxes' DNS servers (None: none)."""
+        query = dns.message.make_query(name, dns.rdatatype.A)
+        for server in self.net.config.dns_servers:
+            sock = self._socket(socket.SOCK_DGRAM)
+            try:
+                answer = dns.query.udp(query, server, timeout=3, sock=sock)
+            except (OSError, dns.exception.DNSException):
+                continue
+            finally:
+                sock.close()
+            for rrset in answer.answer:
+                for item in rrset:
+                    if item.rdtype == dns.rdatatype.A:
+                        return str(item.address)
+        return None
+
+    def decide(self, record: dict[str, object], name: str | None, address: str) -> str | None:
+        """Where to connect (an address), or None: refused."""
+        domains = [str(d) for d in record.get("domains") or []]  # type: ignore[attr-defined]
+        if name and matches(name, domains):
+            resolved = self.resolve(name)
+            return resolved if resolved and not self._is_blocked(resolved) else None
+        if self._is_blocked(address):
+            return None
+        ip = ipaddress.IPv4Address(address)
+        allow = [ipaddress.IPv4Network(n) for n in record.get("allow") or []]  # type: ignore[attr-defined]
+        deny = [ipaddress.IPv4Network(n) for n in record.get("deny") or []]  # type: ignore[attr-defined]
+        if any(ip in n for n in allow):
+            return address
+        if any(ip in n for n in deny):
+            return None
+        return address
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            guest = writer.get_extra_info("peername")[0]
+            slot = self.net.slot_of_guest(guest)
+            record = self.net.record(slot) if slot is not None else None
+            if record is None:
+                return
+            sock = writer.get_extra_info("socket")
+            raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            port = struct.unpack_from(">H", raw, 2)[0]
+            address = socket.inet_ntoa(raw[4:8])
+            head, name = b"", None
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + HEAD_SECONDS
+            while len(head) < HEAD_MAX and name is None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    chunk = await asyncio.wait_for(reader.read(HEAD_MAX - len(head)), left)
+                except TimeoutError:
+                    break
+                if not chunk:
+                    break
+                head += chunk
+                name = server_name(head) if port == 443 else host_header(head)
+                if port == 443 and head[:1] != b"\x16":
+                    break  # not TLS: no name to wait for
+                if port != 443 and b"\r\n\r\n" in head:
+                    break
+            target = await loop.run_in_executor(None, self.decide, record, name, address)
+            if target is None:
+                log.info("refused %s -> %s:%d (name %r)", guest, address, port, name)
+                return
+            out = self._socket(socket.SOCK_STREAM)
+            out.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(out, (target, port)), CONNECT_SECONDS)
+            except (TimeoutError, OSError):
+                out.close()
+                return
+            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
+            upstream.write(head)
+            await asyncio.gather(_copy(reader, upstream), _copy(up_reader, writer))
+        except (OSError, ValueError):
+            pass
+        except Exception:  # noqa: BLE001 - one connection's failure is logged, not fatal
+            log.exception("egress proxy: a connection failed")
+        finally:
+            for w in (writer, upstream):
+                if w is not None:
+                    with contextlib.suppress(OSError):
+                        w.close()
+
+    async def serve(self) -> None:
+        server = await asyncio.start_server(
+            self.handle, "0.0.0.0", self.net.config.proxy_port, reuse_address=True
+        )
+        async with server:
+            await server.serve_forever()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(COPY):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        with contextlib.suppress(OSError):
+            writer.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m e2bfacade.runtime.local.egress SANDBOX_ROOT", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(EgressProxy(Path(argv[0])).serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

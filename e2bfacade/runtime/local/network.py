@@ -1,0 +1,502 @@
+"""Sandbox networking for the local runtime: a veth pair per sandbox, NAT through an uplink,
+and E2B's egress rules in nftables.
+
+Addresses. A sandbox's id slot (state.py, 4096 of them) is also its network slot: slot N owns
+the /30 at ``cidr + 4N`` (host side ``+1``, guest side ``+2``) and the host interface
+``e2b<root digest><N in hex>``. Slots are exclusive among live sandboxes, so addresses are
+too, and they are reclaimed with the slot. sandboxd makes the pair (net.c); it dies with
+the sandbox's network namespace, so a kill has no interface to remove.
+
+Routing. Traffic from the sandboxes' range (and the egress proxy's, by its mark) is routed
+by its own table: a default route through the configured uplink, and nothing else (an
+``unreachable`` rule after it), so sandbox traffic can only ever leave through the uplink,
+whatever the host's main table says. IPv4 forwarding is switched on for the sandbox links
+and the uplink only, not host-wide.
+
+Filtering, one table per runtime root (``inet e2bfacade_<digest>``), a fixed set of chains
+and sets (see nft.py for why a sandbox is only ever set elements):
+
+- ``outbound`` (forwarded from a sandbox): replies of established flows pass; anything not
+  leaving by the uplink, or to ``blocked`` (link-local and metadata addresses, the host's
+  own networks, the sandboxes' range, operator-listed ranges), is refused; then the
+  sandbox's ``allowOut`` CIDRs pass, its ``denyOut`` CIDRs (and ``0.0.0.0/0`` when internet
+  access is off) are refused, and the rest passes: E2B's precedence (allow wins over deny,
+  default allow). A CIDR of prefix length L is an element ``"<ifname>" . <network>`` of the
+  hash sets ``allowL`` / ``denyL``, matched by masking the destination: 33 lookups per
+  new flow, O(1) each, whatever the number of sandboxes.
+- ``from_guest`` (to the host itself, any of its addresses): only the egress proxy's port,
+  and only for connections redirected to it; everything else is refused.
+- Sandboxes with domain names in ``allowOut`` are in ``proxied``: their new TCP connections
+  to ports 80 and 443 are redirected to the egress proxy (egress.py), which matches the
+  HTTP Host header or the TLS server name against the domains, as E2B does.
+- ``postrouting`` masquerades the sandboxes' range behind the uplink's address.
+
+Refused connections are answered (TCP reset, ICMP administratively prohibited), so a client
+in the guest fails at once rather than after a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2bfacade.runtime.base import CreateRefused, NetworkPolicy, RuntimeUnavailable
+from e2bfacade.runtime.local.nft import Nft, NftError, shared
+from e2bfacade.runtime.local.state import ID_SLOTS, Layout, write_json
+
+log = logging.getLogger(__name__)
+
+# Never reachable from a sandbox, whatever its rules say (with the host's own addresses, the
+# sandboxes' range and the uplink's networks, added at setup): E2B's always-blocked ranges.
+DEFAULT_BLOCKED = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
+DEFAULT_DNS = ("8.8.8.8",)  # as E2B's templates' /etc/resolv.conf
+PROXY_PORTS = (80, 443)
+PREFIX = 30  # a /30 per slot: network, host side, guest side, broadcast
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How sandboxes reach the outside. ``uplink`` is the host interface their traffic
+    leaves by (NATed to its address), ``gateway`` the next hop there (None: on-link)."""
+
+    uplink: str
+    gateway: str | None = None
+    cidr: str = "10.250.0.0/18"
+    dns_servers: tuple[str, ...] = DEFAULT_DNS
+    blocked: tuple[str, ...] = DEFAULT_BLOCKED
+    proxy_port: int = 49990
+
+    def __post_init__(self) -> None:
+        net = ipaddress.ip_network(self.cidr)
+        if not isinstance(net, ipaddress.IPv4Network) or net.num_addresses < 4 * ID_SLOTS:
+            raise ValueError(
+                f"the sandbox network {self.cidr} must be an IPv4 range of at least "
+                f"{4 * ID_SLOTS} addresses (a /18), one /30 per sandbox slot"
+            )
+        for value in (*self.dns_servers, *((self.gateway,) if self.gateway else ())):
+            ipaddress.IPv4Address(value)
+        for value in self.blocked:
+            ipaddress.IPv4Network(value, strict=False)
+        if not self.uplink or len(self.uplink) > 15 or "/" in self.uplink:
+            raise ValueError(f"{self.uplink!r} is not an interface name")
+        if not 1 <= self.proxy_port <= 65535:
+            raise ValueError(f"the egress proxy port {self.proxy_port} is not a port")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NetworkConfig:
+        return cls(
+            uplink=data["uplink"],
+            gateway=data.get("gateway"),
+            cidr=data["cidr"],
+            dns_servers=tuple(data["dns_servers"]),
+            blocked=tuple(data["blocked"]),
+            proxy_port=int(data["proxy_port"]),
+        )
+
+
+def default_route() -> tuple[str, str | None] | None:
+    """The host's default route: (interface, gateway), or None when there is none."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "-4", "route", "show", "default"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for route in json.loads(out or "[]"):
+        if route.get("dev"):
+            return route["dev"], route.get("gateway")
+    return None
+
+
+@dataclass(frozen=True)
+class Link:
+    ifname: str
+    host_ip: str
+    guest_ip: str
+    prefix: int = PREFIX
+
+    def request(self) -> list[str]:
+        """sandboxd's create parameters for this link (net.c)."""
+        return [
+            f"veth={self.ifname}",
+            f"hostip={self.host_ip}",
+            f"guestip={self.guest_ip}",
+            f"prefix={self.prefix}",
+        ]
+
+
+@dataclass
+class Rules:
+    """A sandbox's egress as set elements, plus what the egress proxy needs to know."""
+
+    elements: list[tuple[str, str]] = field(default_factory=list)  # (set, key)
+    domains: list[str] = field(default_factory=list)
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+
+
+def _mask(length: int) -> str:
+    return str(ipaddress.IPv4Address((0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF))
+
+
+def is_cidr(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def rules_for(policy: NetworkPolicy, ifname: str, default_dns: tuple[str, ...]) -> Rules:
+    rules = Rules()
+    allow = [e for e in policy.allow_out if is_cidr(e)]
+    rules.domains = [e.lower().rstrip(".") for e in policy.allow_out if not is_cidr(e)]
+    if rules.domains:  # as E2B: a name needs its resolver reachable
+        dns = default_dns if policy.dns_servers is None else policy.dns_servers
+        allow += [f"{d}/32" for d in dns]
+    deny = list(policy.deny_out) + ([] if policy.allow_internet else ["0.0.0.0/0"])
+    for kind, entries in (("allow", allow), ("deny", deny)):
+        for entry in entries:
+            net = ipaddress.IPv4Network(entry, strict=False)
+            item = (f"{kind}{net.prefixlen}", f'"{ifname}" . {net.network_address}')
+            if item not in rules.elements:
+                rules.elements.append(item)
+    rules.allow = [str(ipaddress.IPv4Network(e, strict=False)) for e in allow]
+    rules.deny = [str(ipaddress.IPv4Network(e, strict=False)) for e in deny]
+    if rules.domains:
+        rules.elements.append(("proxied", f'"{ifname}"'))
+    return rules
+
+
+class SandboxNetwork:
+    """The networking of one runtime root."""
+
+    def __init__(self, layout: Layout, config: NetworkConfig, digest: str) -> None:
+        self.layout = layout
+        self.config = config
+        self.net = ipaddress.IPv4Network(config.cidr)
+        self.ifprefix = f"e2b{digest[:4]}"
+        self.table = f"e2bfacade_{digest[:8]}"
+        number = int(digest[:4], 16) % 10000
+        self.route_table = 20000 + number
+        self.rule_pref = 20000 + number  # before "main" (32766)
+        self.mark = 0x62B00000 | number  # a positive int: setsockopt(SO_MARK) takes an int
+        self.records = layout.root / "net"
+        self.records.mkdir(mode=0o700, exist_ok=True)
+        self._nft: Nft = shared()
+
+    # --------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        """Make the table, the routes and the forwarding switches (idempotent; safe beside
+        running sandboxes: their elements are kept)."""
+        cfg = self.config
+        if not Path(f"/sys/class/net/{cfg.uplink}").exists():
+            raise RuntimeUnavailable(f"the sandboxes' uplink {cfg.uplink!r} does not exist")
+        with self.layout.locked("network", "setup"):
+            self._sysctl(f"ipv4/conf/{cfg.uplink}/forwarding", "1")
+            self._routes()
+            self._nft.run(self._ruleset())
+
+    @staticmethod
+    def _sysctl(name: str, value: str) -> None:
+        Path("/proc/sys/net", name).write_text(value)
+
+    def _ip(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+        if check and done.returncode != 0:
+            raise RuntimeUnavailable(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def _wanted_rules(self) -> list[list[str]]:
+        p, t = self.rule_pref, str(self.route_table)
+        return [
+            ["to", str(self.net), "lookup", "main", "pref", str(p - 1)],
+            ["from", str(self.net), "lookup", t, "pref", str(p)],
+            ["fwmark", hex(self.mark), "lookup", t, "pref", str(p)],
+            ["from", str(self.net), "unreachable", "pref", str(p + 1)],
+            ["fwmark", hex(self.mark), "unreachable", "pref", str(p + 1)],
+        ]
+
+    def _routes(self) -> None:
+        cfg = self.config
+        via = ["via", cfg.gateway] if cfg.gateway else []
+        self._ip(
+            "route", "replace", "default", *via, "dev", cfg.uplink, "table", str(self.route_table)
+        )
+        existing = self._ip("rule", "show")
+        for rule in self._wanted_rules():
+            pref = rule[-1]
+            # ``ip rule show`` prints "<pref>:\t<selector> ... lookup <table>"
+            if not any(
+                line.startswith(f"{pref}:") and self._same_rule(line, rule)
+                for line in existing.splitlines()
+            ):
+                self._ip("rule", "add", *rule)
+
+    @staticmethod
+    def _same_rule(line: str, rule: list[str]) -> bool:
+        words = line.split()
+        selector, value = rule[0], rule[1]
+        if selector == "fwmark":
+            return "fwmark" in words and (rule[2] in words or rule[2] == "unreachable")
+        return selector in words and value in words and rule[2] in words
+
+    def blocked(self) -> list[str]:
+        blocked = {str(ipaddress.IPv4Network(b, strict=False)) for b in self.config.blocked}
+        blocked.add(str(self.net))
+        try:  # the uplink's own networks (its LAN, its gateway's admin pages)
+            out = self._ip("-j", "-4", "addr", "show", "dev", self.config.uplink)
+            for iface in json.loads(out or "[]"):
+                for addr in iface.get("addr_info", []):
+                    net = ipaddress.IPv4Network(
+                        f"{addr['local']}/{addr['prefixlen']}", strict=False
+                    )
+                    blocked.add(str(net))
+        except (RuntimeUnavailable, ValueError, KeyError):
+            pass
+        return sorted(blocked)
+
+    def _ruleset(self) -> str:
+        t = f"inet {self.table}"
+        up, port, prefix = self.config.uplink, self.config.proxy_port, f"{self.ifprefix}*"
+        lines = [
+            f"add table {t}",
+            f"add set {t} blocked {{ type ipv4_addr; flags interval; auto-merge; }}",
+            f"flush set {t} blocked",
+            f"add element {t} blocked {{ {', '.join(self.blocked())} }}",
+            f"add set {t} proxied {{ type ifname; }}",
+        ]
+        for length in range(33):
+            for kind in ("allow", "deny"):
+                lines.append(f"add set {t} {kind}{length} {{ type ifname . ipv4_addr; }}")
+        chains = {
+            "forward": "type filter hook forward priority filter; policy accept;",
+            "input": "type filter hook input priority filter; policy accept;",
+            "prerouting": "type nat hook prerouting priority dstnat; policy accept;",
+            "postrouting": "type nat hook postrouting priority srcnat; policy accept;",
+            "outbound": "",
+            "from_guest": "",
+            "refuse": "",
+        }
+        for name, hook in chains.items():
+            lines.append(f"add chain {t} {name} {{ {hook} }}" if hook else f"add chain {t} {name}")
+            lines.append(f"flush chain {t} {name}")
+        rules = {
+            "forward": [
+                f'iifname "{prefix}" jump outbound',
+                f'oifname "{prefix}" ct state established,related accept',
+                f'oifname "{prefix}" drop',
+            ],
+            "outbound": [
+                "meta nfproto != ipv4 drop",
+                "ct state established,related accept",
+                f'oifname != "{up}" jump refuse',
+                "ip daddr @blocked jump refuse",
+                *(f"iifname . ip daddr & {_mask(n)} @allow{n} accept" for n in range(32, -1, -1)),
+                *(
+                    f"iifname . ip daddr & {_mask(n)} @deny{n} jump refuse"
+                    for n in range(32, -1, -1)
+                ),
+                "accept",
+            ],
+            "input": [
+                f'iifname "{prefix}" jump from_guest',
+                # The proxy listens on every address; it serves the sandboxes only.
+                f'tcp dport {port} iifname != "{prefix}" iifname != "lo" drop',
+            ],
+            "from_guest": [
+                "meta nfproto != ipv4 drop",
+                "ct state established,related accept",
+                f"tcp dport {port} ct status dnat accept",
+                "jump refuse",
+            ],
+            "refuse": [
+                "meta l4proto tcp reject with tcp reset",
+                "reject with icmpx admin-prohibited",
+            ],
+            "prerouting": [
+                f"iifname @proxied tcp dport {{ {', '.join(map(str, PROXY_PORTS))} }} "
+                f"ip daddr != @blocked redirect to :{port}",
+            ],
+            "postrouting": [f'ip saddr {self.net} oifname "{up}" masquerade'],
+        }
+        for name, body in rules.items():
+            lines.extend(f"add rule {t} {name} {rule}" for rule in body)
+        return "\n".join(lines)
+
+    def teardown(self) -> None:
+        """Remove the table, the rules and the route table (a runtime root given up)."""
+        with contextlib.suppress(NftError):
+            self._nft.run(f"delete table inet {self.table}")
+        for rule in self._wanted_rules():
+            self._ip("rule", "del", *rule, check=False)
+        self._ip("route", "flush", "table", str(self.route_table), check=False)
+
+    # ----------------------------------------------------------------------- per slot
+    def link(self, slot: int) -> Link:
+        base = int(self.net.network_address) + 4 * slot
+        return Link(
+            ifname=f"{self.ifprefix}{slot:03x}",
+            host_ip=str(ipaddress.IPv4Address(base + 1)),
+            guest_ip=str(ipaddress.IPv4Address(base + 2)),
+        )
+
+    def slot_of_guest(self, address: str) -> int | None:
+        try:
+            ip = ipaddress.IPv4Address(address)
+        except ValueError:
+            return None
+        if ip not in self.net or (int(ip) - int(self.net.network_address)) % 4 != 2:
+            return None
+        slot = (int(ip) - int(self.net.network_address)) // 4
+        return slot if slot < ID_SLOTS else None
+
+    def _record_path(self, slot: int) -> Path:
+        return self.records / f"{slot}.json"
+
+    def record(self, slot: int) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self._record_path(slot).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data
+
+    def apply(self, slot: int, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Make the slot's rules those of ``policy``, replacing whatever it had (a previous
+        holder's leftovers included). Atomic for the guest: one nft transaction. Crash-safe:
+        the slot's record names every element that may be in the kernel before any is
+        added, so a sweep can always remove them."""
+        link = self.link(slot)
+        new = rules_for(policy, link.ifname, self.config.dns_servers)
+        old = self.record(slot)
+        old_elements = [tuple(e) for e in (old or {}).get("elements", [])]
+        gone = [e for e in old_elements if e not in new.elements]
+        added = [e for e in new.elements if e not in old_elements]
+        record = {"sandbox_id": sandbox_id, "ifname": link.ifname, **asdict(new)}
+        write_json(self._record_path(slot), {**record, "elements": old_elements + added})
+        self._change(gone, added)
+        write_json(self._record_path(slot), record)
+
+    def release(self, slot: int) -> None:
+        """Remove the slot's rules (its sandbox is gone)."""
+        old = self.record(slot)
+        if old is not None:
+            self._change([tuple(e) for e in old.get("elements", [])], [])
+        self._record_path(slot).unlink(missing_ok=True)
+
+    def _change(self, gone: list[tuple[str, str]], added: list[tuple[str, str]]) -> None:
+        t = f"inet {self.table}"
+        deletes = [f"delete element {t} {s} {{ {k} }}" for s, k in gone]
+        adds = [f"add element {t} {s} {{ {k} }}" for s, k in added]
+        if not deletes and not adds:
+            return
+        try:
+            self._nft.run("\n".join(deletes + adds))
+        except NftError:
+            # An element to delete was never added (a crash between the record and the
+            # kernel): delete one by one, missing ones being fine, then add.
+            for command in deletes:
+                with contextlib.suppress(NftError):
+                    self._nft.run(command)
+            if adds:
+                try:
+                    self._nft.run("\n".join(adds))
+                except NftError as exc:
+                    raise CreateRefused(
+                        f"cannot apply the sandbox's network rules: {exc}"
+                    ) from None
+
+    def set_up(self, slot: int, up: bool) -> None:
+        """Bring the host side of the slot's link up or down (pause freezes traffic)."""
+        name = self.link(slot).ifname.encode()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            ifr = struct.pack("16sh22x", name, 0)
+            try:
+                flags = struct.unpack("16sh22x", fcntl.ioctl(s, SIOCGIFFLAGS, ifr))[1]
+                flags = flags | IFF_UP if up else flags & ~IFF_UP
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh22x", name, flags))
+            except OSError as exc:
+                if exc.errno != errno.ENODEV:
+                    raise
+
+    # -------------------------------------------------------------------------- sweep
+    def sweep(self, live_slots: set[int]) -> list[int]:
+        """Release the records of slots no live sandbox holds; returns them."""
+        released = []
+        for path in self.records.glob("*.json"):
+            try:
+                slot = int(path.stem)
+            except ValueError:
+                continue
+            if slot not in live_slots:
+                self.release(slot)
+                released.append(slot)
+        return released
+
+    def interfaces(self) -> list[str]:
+        """The host sides of this root's links that exist now."""
+        return sorted(n for n in os.listdir("/sys/class/net") if n.startswith(self.ifprefix))
+
+    def elements(self) -> int:
+        """How many per-sandbox elements the table holds (for leak checks)."""
+        total = 0
+        for item in self._nft.json(f"list table inet {self.table}"):
+            st = item.get("set")
+            if st and st.get("name") != "blocked":
+                total += len(st.get("elem", []))
+        return total
+
+
+CONFIG_FILE = "network.json"
+
+
+def digest_of(root: Path) -> str:
+    """What names a runtime root's groups, table and interfaces (see driver.py)."""
+    return hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:8]
+
+
+def save_config(layout: Layout, config: NetworkConfig | None) -> None:
+    path = layout.root / "run" / CONFIG_FILE
+    if config is None:
+        path.unlink(missing_ok=True)
+    else:
+        write_json(path, config.to_json())
+
+
+def load_config(layout: Layout) -> NetworkConfig | None:
+    try:
+        return NetworkConfig.from_json(json.loads((layout.root / "run" / CONFIG_FILE).read_text()))
+    except FileNotFoundError:
+        return None

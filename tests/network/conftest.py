@@ -1,0 +1,111 @@
+"""Fixtures for the networking tests: the suite's own test internet (tests/support/
+internet.py), a local runtime whose uplink it is, and the egress proxy beside it. Nothing
+here reaches any network but loopback and the namespaces made here."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2bfacade.runtime.base import (
+    BUILTIN_IMAGE,
+    NetworkPolicy,
+    ProcessSpec,
+    SandboxSpec,
+    run_process,
+)
+from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local.network import NetworkConfig
+from tests.runtime.conftest import destroy_runtime, make_runtime
+from tests.support.internet import TestInternet
+
+REPO = Path(__file__).resolve().parents[2]
+_cidrs = itertools.count((os.getpid() * 13) % 900)
+
+
+def unique_cidr() -> str:
+    """A /18 of 10.0.0.0/8 no other runtime of this run uses."""
+    n = next(_cidrs) % 1024
+    return f"10.{n // 4}.{(n % 4) * 64}.0/18"
+
+
+def unique_port() -> int:
+    return 40000 + (os.getpid() * 31 + next(_cidrs)) % 9000
+
+
+@pytest.fixture(scope="session")
+def internet() -> Iterator[TestInternet]:
+    with TestInternet() as net:
+        yield net
+
+
+def network_config(internet: TestInternet, **extra: object) -> NetworkConfig:
+    return NetworkConfig(
+        uplink=internet.uplink,
+        gateway=internet.gateway,
+        cidr=unique_cidr(),
+        dns_servers=("8.8.8.8",),
+        proxy_port=unique_port(),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def start_egress(root: Path) -> subprocess.Popen[bytes]:
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "e2bfacade.runtime.local.egress", str(root)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "egress.log", "wb"),  # noqa: SIM115
+    )
+    time.sleep(0.3)
+    return proxy
+
+
+@pytest.fixture(scope="module")
+def net_runtime(internet: TestInternet) -> Iterator[LocalRuntime]:
+    rt = make_runtime(network=network_config(internet))
+    rt.ensure_base_image()
+    proxy = start_egress(rt.root)
+    yield rt
+    proxy.kill()
+    proxy.wait()
+    destroy_runtime(rt)
+    assert rt.network is not None
+    rt.network.teardown()
+
+
+@pytest.fixture
+def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
+    made: list[str] = []
+
+    def make(**network: object) -> str:
+        sid = f"n{uuid.uuid4().hex[:12]}"
+        made.append(sid)
+        policy = NetworkPolicy(**network)  # type: ignore[arg-type]
+        net_runtime.create(SandboxSpec(sid, BUILTIN_IMAGE, network=policy))
+        return sid
+
+    yield make
+    for sid in made:
+        net_runtime.kill(sid)
+
+
+def sh(rt: LocalRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
+    result = run_process(
+        rt, sid, ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
+    )
+    return result.exit_code, (result.stdout + result.stderr).decode(errors="replace")
+
+
+def curl(rt: LocalRuntime, sid: str, url: str, *extra: str) -> tuple[int, str]:
+    """``curl`` in the guest: (exit code, body). Refused connections fail at once."""
+    args = " ".join(extra)
+    return sh(rt, sid, f"curl -sS --connect-timeout 3 --max-time 8 {args} {url}")
