@@ -362,17 +362,19 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
     await respond(send, 200, json.dumps(written).encode())
 
 
-DRAIN_LIMIT = 256 * 1024  # as Go's net/http: a refused upload's rest is read up to this
-DRAIN_SECONDS = 2.0
+DRAIN_LIMIT = 64 << 20  # a refused upload's rest is read (and dropped) up to this
+DRAIN_SECONDS = 5.0
 
 
 async def _drain(receive: Receive) -> None:
     """Read and drop what is left of a refused upload's body, within bounds.
 
-    An error answered while the client is still sending would otherwise be followed by a
-    close with unread bytes in the socket's buffer, which the kernel turns into a reset,
-    and the client loses the answer it was about to read (seen as "connection error" in
-    place of a 400). Past the bounds the connection is closed anyway.
+    An error answered while the client is still sending must not be followed by a close
+    with unread bytes in the socket's buffer, which the kernel turns into a reset that can
+    cost the client the answer. uvicorn reads a finished request's rest itself, but not
+    every server does; reading it here keeps that off the server's goodwill. (CI once saw
+    the SDK get "connection error" in place of this 400; not reproduced since.) Past the
+    bounds the connection is closed anyway.
     """
     left = DRAIN_LIMIT
 

@@ -145,15 +145,15 @@ def test_odd_routing_headers_are_clear_errors(sbx: Sandbox, envd_env: LiveServer
 
 
 def test_a_refused_upload_is_answered_not_reset(sbx: Sandbox, envd_env: LiveServer) -> None:
-    # The error comes before the body has been read (a bad path, a bad token): its rest is
-    # drained, so the client reads the 4xx rather than a reset connection.
-    body = b"x" * (128 * 1024)
-    refused = (
+    # The error comes before the body has been read (a bad path, a bad token), while the
+    # client is still sending: the client must read the 4xx, not a reset connection.
+    body = b"x" * (4 << 20)  # still being sent when the answer comes
+    refused: tuple[tuple[str, dict[str, str]], ...] = (
         ("/files?path=/tmp/" + "n" * 10_000, {}),
         ("/files?path=/tmp/ok", {"X-Access-Token": "wrong"}),
     )
     with httpx.Client(base_url=envd_env.sandbox_url, timeout=30) as http:
-        for _ in range(20):
+        for _ in range(5):
             for path, extra in refused:
                 got = http.post(
                     path,
