@@ -6,7 +6,7 @@
 1. Runtime create and kill, with networking (a veth pair, rules, resolv.conf) and without,
    side by side in one run, cold (150 ms apart, as interactive creates arrive) and back to
    back: medians and p99s, and the difference (issue 12's budget: setup ≤ 3 ms added to
-   create's p50, teardown ≤ 2 ms).
+   create's p50, teardown ≤ 2 ms); then a burst of creates with no kill between them.
 2. TCP throughput from a sandbox to a host of the test internet (1 GiB, three runs; budget
    ≥ 1 Gbit/s).
 3. ``--cycles`` create/kill cycles with networking, then what is left: interfaces, rule
@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.runtime_bench import percentile  # noqa: E402
+from runtime_bench import percentile  # noqa: E402 (this directory is on sys.path)
+
 from e2bfacade.runtime.base import (  # noqa: E402
     BUILTIN_IMAGE,
     NetworkPolicy,
@@ -38,10 +39,9 @@ from e2bfacade.runtime.local.network import NetworkConfig  # noqa: E402
 from tests.support.internet import SINK_PORT, TestInternet  # noqa: E402
 
 COLD_GAP_S = 0.15
-SEND = (
-    r"""
+SEND = r"""
 import socket, time
-s = socket.create_connection(("203.0.113.10", %d))
+s = socket.create_connection(("203.0.113.10", PORT))
 chunk = b"x" * (1 << 20)
 t = time.perf_counter()
 for _ in range(1024):
@@ -49,9 +49,7 @@ for _ in range(1024):
 s.shutdown(socket.SHUT_WR)
 s.recv(1)
 print(1024 * 8 * (1 << 20) / (time.perf_counter() - t) / 1e9)
-"""
-    % SINK_PORT
-)
+""".replace("PORT", str(SINK_PORT))
 
 
 def runtime(network: NetworkConfig | None) -> LocalRuntime:
@@ -121,6 +119,23 @@ def main() -> int:
                     )
                     print(f"  => networking adds {added:+.2f} ms to {op} p50 ({label})")
 
+            print("a burst: creates back to back with no kill between them, then the kills")
+            for rt, kind, policy in (
+                (net, "network", NetworkPolicy(allow_internet=True)),
+                (bare, "loopback only", NetworkPolicy()),
+            ):
+                burst_c, burst_k = [], []
+                for i in range(min(args.n, 50)):
+                    t = time.perf_counter()
+                    rt.create(SandboxSpec(f"bb{kind[0]}{i}", BUILTIN_IMAGE, network=policy))
+                    burst_c.append((time.perf_counter() - t) * 1000)
+                for i in range(min(args.n, 50)):
+                    t = time.perf_counter()
+                    rt.kill(f"bb{kind[0]}{i}")
+                    burst_k.append((time.perf_counter() - t) * 1000)
+                print(row(f"create in a burst, {kind}", burst_c))
+                print(row(f"kill in a burst, {kind}", burst_k))
+
             print("throughput, sandbox -> test internet (1 GiB per run)")
             net.create(
                 SandboxSpec("bthru", BUILTIN_IMAGE, network=NetworkPolicy(allow_internet=True))
@@ -134,9 +149,8 @@ def main() -> int:
                 )
                 gbits.append(float(out.stdout.decode().strip()))
             net.kill("bthru")
-            print(
-                f"  median {sorted(gbits)[1]:.2f} Gbit/s (runs: {', '.join(f'{g:.2f}' for g in gbits)})"
-            )
+            runs = ", ".join(f"{g:.2f}" for g in gbits)
+            print(f"  median {sorted(gbits)[1]:.2f} Gbit/s (runs: {runs})")
 
             print(f"{args.cycles} create/kill cycles, then what is left")
             assert net.network is not None

@@ -288,8 +288,9 @@ def _sandbox_network() -> object:
             dns_servers=tuple(env.list("SANDBOX_DNS_SERVERS", default=["8.8.8.8"])),
             blocked=tuple(blocked),
             proxy_port=env.int("SANDBOX_EGRESS_PORT", default=49990),
+            extra_ca=env.str("SANDBOX_EXTRA_CA_CERTS", default="") or None,
         )
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise ImproperlyConfigured(f"sandbox networking: {exc}") from exc
 
 

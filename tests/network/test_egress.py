@@ -286,3 +286,22 @@ def test_many_create_kill_cycles_leak_nothing(net_runtime: LocalRuntime) -> None
         return not made & set(network.interfaces())
 
     assert _settled(clean, 20), (network.interfaces(), network.elements())
+
+
+def test_the_sweep_releases_only_rules_no_sandbox_holds(
+    net_runtime: LocalRuntime, make_sandbox: Callable[..., str]
+) -> None:
+    network = net_runtime.network
+    assert network is not None
+    sid = make_sandbox(allow_internet=False)
+    slot = net_runtime.layout.slot_of(sid)
+    assert slot is not None
+    # A crash between releasing a slot's rules and freeing it, from an earlier holder: a
+    # record of a sandbox that no longer holds its slot.
+    ghost_slot = next(s for s in range(4095, 0, -1) if net_runtime.layout.slot_holder(s) is None)
+    network.apply(ghost_slot, "ghost", NetworkPolicy(allow_internet=False))
+    assert network.sweep() == [ghost_slot]
+    assert network.record(ghost_slot) is None
+    # The live sandbox's rules are untouched: it is still refused the internet.
+    assert network.record(slot) is not None
+    assert curl(net_runtime, sid, f"http://{WEB}/")[0] != 0

@@ -290,5 +290,24 @@ def serve(config_path: str) -> None:
         thread.join()
 
 
+def hold() -> None:
+    """``python -m tests.support.internet hold``: make a test internet, print what a server
+    needs to use it (as shell exports), and keep it until interrupted (for benches and the
+    referee run; see README "Networking")."""
+    import signal
+
+    with TestInternet() as internet:
+        print(f"export SANDBOX_UPLINK={internet.uplink}")
+        print(f"export SANDBOX_UPLINK_GATEWAY={internet.gateway}")
+        print("export SANDBOX_DNS_SERVERS=8.8.8.8")
+        print(f"export SANDBOX_EXTRA_CA_CERTS={internet.ca_path}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
     serve(sys.argv[2])
+elif __name__ == "__main__" and sys.argv[1:2] == ["hold"]:
+    hold()

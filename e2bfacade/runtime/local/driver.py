@@ -297,6 +297,7 @@ class LocalRuntime:
             self.network.apply(slot, spec.sandbox_id, spec.network)
             link = self.network.link(slot)
             self._write_resolv_conf(d, id_base)
+            self._write_trust(d, id_base, chain)
         launcher = self.spares.claim(d)
         spare = Spares.group_of(launcher) if launcher is not None else None
         if spare is not None and not self.cgroups.adopt(spare, spec.sandbox_id):
@@ -499,6 +500,29 @@ class LocalRuntime:
             state["network"] = _policy_json(policy)
             write_json(self.layout.sandbox_dir(sandbox_id) / "state.json", state)
 
+    def _write_trust(self, d: Path, owner: int, chain: builtins.list[dict[str, Any]]) -> None:
+        """The image's CA bundle plus the configured extra CAs, in the sandbox's layer."""
+        assert self.network is not None
+        extra = self.network.config.extra_ca
+        if extra is None:
+            return
+        bundle = Path("etc/ssl/certs/ca-certificates.crt")
+        base = b""
+        for meta in chain:  # the top layer first
+            path = self.layout.image_dir(meta["id"]) / "rootfs" / bundle
+            if path.is_file() and not path.is_symlink():
+                base = path.read_bytes()
+                break
+        target = d / disks.MOUNT / "upper"
+        for part in bundle.parent.parts:
+            target = target / part
+            target.mkdir(mode=0o755, exist_ok=True)
+            os.chown(target, owner, owner)
+        out = target / bundle.name
+        out.write_bytes(base + b"\n" + Path(extra).read_bytes())
+        os.chown(out, owner, owner)
+        out.chmod(0o644)
+
     def _write_resolv_conf(self, d: Path, owner: int) -> None:
         """The guest's resolvers (as E2B's templates have 8.8.8.8), in its own layer."""
         assert self.network is not None
@@ -601,8 +625,7 @@ class LocalRuntime:
                 _bury(p)  # a crash (or an exit) came before the background removal did
         self.spares.sweep(self._claimed_spares)
         if self.network is not None:
-            live = {self.layout.slot_of(sid) for sid in self.layout.sandbox_ids()}
-            self.network.sweep({slot for slot in live if slot is not None})
+            self.network.sweep()
         self.disk_pool.sweep()
         self.replenish()
         return reaped

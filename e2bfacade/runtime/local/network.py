@@ -90,6 +90,9 @@ class NetworkConfig:
     dns_servers: tuple[str, ...] = DEFAULT_DNS
     blocked: tuple[str, ...] = DEFAULT_BLOCKED
     proxy_port: int = 49990
+    # A PEM file of CAs the sandboxes also trust (a TLS-inspecting egress proxy's, a test
+    # internet's): appended to each sandbox's /etc/ssl/certs/ca-certificates.crt.
+    extra_ca: str | None = None
 
     def __post_init__(self) -> None:
         net = ipaddress.ip_network(self.cidr)
@@ -104,6 +107,11 @@ class NetworkConfig:
             ipaddress.IPv4Network(value, strict=False)
         if not self.uplink or len(self.uplink) > 15 or "/" in self.uplink:
             raise ValueError(f"{self.uplink!r} is not an interface name")
+        if (
+            self.extra_ca is not None
+            and b"BEGIN CERTIFICATE" not in Path(self.extra_ca).read_bytes()
+        ):
+            raise ValueError(f"{self.extra_ca} holds no PEM certificate")
         if not 1 <= self.proxy_port <= 65535:
             raise ValueError(f"the egress proxy port {self.proxy_port} is not a port")
 
@@ -119,6 +127,7 @@ class NetworkConfig:
             dns_servers=tuple(data["dns_servers"]),
             blocked=tuple(data["blocked"]),
             proxy_port=int(data["proxy_port"]),
+            extra_ca=data.get("extra_ca"),
         )
 
 
@@ -268,10 +277,7 @@ class SandboxNetwork:
     @staticmethod
     def _same_rule(line: str, rule: list[str]) -> bool:
         words = line.split()
-        selector, value = rule[0], rule[1]
-        if selector == "fwmark":
-            return "fwmark" in words and (rule[2] in words or rule[2] == "unreachable")
-        return selector in words and value in words and rule[2] in words
+        return all(word in words for word in rule[:-2])  # all but "pref N"
 
     def blocked(self) -> list[str]:
         blocked = {str(ipaddress.IPv4Network(b, strict=False)) for b in self.config.blocked}
@@ -398,6 +404,10 @@ class SandboxNetwork:
         holder's leftovers included). Atomic for the guest: one nft transaction. Crash-safe:
         the slot's record names every element that may be in the kernel before any is
         added, so a sweep can always remove them."""
+        with self.layout.locked("netslot", str(slot)):
+            self._apply(slot, sandbox_id, policy)
+
+    def _apply(self, slot: int, sandbox_id: str, policy: NetworkPolicy) -> None:
         link = self.link(slot)
         new = rules_for(policy, link.ifname, self.config.dns_servers)
         old = self.record(slot)
@@ -411,6 +421,10 @@ class SandboxNetwork:
 
     def release(self, slot: int) -> None:
         """Remove the slot's rules (its sandbox is gone)."""
+        with self.layout.locked("netslot", str(slot)):
+            self._release(slot)
+
+    def _release(self, slot: int) -> None:
         old = self.record(slot)
         if old is not None:
             self._change([tuple(e) for e in old.get("elements", [])], [])
@@ -452,16 +466,25 @@ class SandboxNetwork:
                     raise
 
     # -------------------------------------------------------------------------- sweep
-    def sweep(self, live_slots: set[int]) -> list[int]:
-        """Release the records of slots no live sandbox holds; returns them."""
+    def sweep(self) -> list[int]:
+        """Release the rules of slots whose sandbox no longer holds them; returns them.
+
+        A sandbox's slot is freed only after its rules are released (driver._destroy), so
+        a record whose sandbox still holds the slot is that sandbox's to release (if it
+        died, the runtime's sweep destroys it, which does). What is left is a crash
+        between the two. Under the slot's lock, as apply() and release(): a create taking
+        the slot meanwhile is never undone."""
         released = []
         for path in self.records.glob("*.json"):
             try:
                 slot = int(path.stem)
             except ValueError:
                 continue
-            if slot not in live_slots:
-                self.release(slot)
+            with self.layout.locked("netslot", str(slot)):
+                record = self.record(slot)
+                if record is None or self.layout.slot_holder(slot) == record.get("sandbox_id"):
+                    continue
+                self._release(slot)
                 released.append(slot)
         return released
 

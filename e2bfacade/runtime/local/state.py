@@ -120,6 +120,13 @@ class Layout:
             (self.root / "ids" / str(slot)).unlink(missing_ok=True)
         (self.root / "ids" / f"s-{sandbox_id}").unlink(missing_ok=True)
 
+    def slot_holder(self, slot: int) -> str | None:
+        """The sandbox holding ``slot``, or None."""
+        try:
+            return (self.root / "ids" / str(slot)).read_text()
+        except FileNotFoundError:
+            return None
+
     def slot_of(self, sandbox_id: str) -> int | None:
         """The slot ``sandbox_id`` holds (its id range, and its network addresses)."""
         return self._slot_of(sandbox_id)
