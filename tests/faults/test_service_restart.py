@@ -74,8 +74,9 @@ def test_commands_outlive_a_killed_service_and_are_reattached(
     monkeypatch.setenv("E2B_API_KEY", server.api_key)
     sbx = Sandbox.create(timeout=600)
     try:
+        # Long enough to outlive a restart on a loaded machine (15 s; a restart takes 2-6).
         handle = sbx.commands.run(
-            "for i in $(seq 1 40); do echo line$i; sleep 0.1; done", background=True
+            "for i in $(seq 1 150); do echo line$i; sleep 0.1; done", background=True
         )
         first = sbx.commands.run("echo before").stdout
         assert first == "before\n"
@@ -85,7 +86,7 @@ def test_commands_outlive_a_killed_service_and_are_reattached(
         again = Sandbox.connect(sbx.sandbox_id)
         assert handle.pid in {p.pid for p in again.commands.list()}
         result = again.commands.connect(handle.pid).wait()
-        assert result.exit_code == 0 and "line40" in result.stdout
+        assert result.exit_code == 0 and "line150" in result.stdout
         assert again.commands.run("echo after").stdout == "after\n"
     finally:
         sbx.kill()
