@@ -103,19 +103,25 @@ def main() -> int:
         net, bare = runtime(config), runtime(None)
         try:
             print(f"create / kill, {args.n} each (with networking vs without, same run)")
-            results = {}
+            pair = (
+                (net, "network", NetworkPolicy(allow_internet=True)),
+                (bare, "loopback only", NetworkPolicy()),
+            )
             for label, gap in (("cold", COLD_GAP_S), ("back to back", 0.0)):
-                for rt, kind, policy in (
-                    (net, "network", NetworkPolicy(allow_internet=True)),
-                    (bare, "loopback only", NetworkPolicy()),
-                ):
-                    results[(label, kind)] = cycle(rt, args.n, gap, policy, f"b{label[0]}{kind[0]}")
-                    c, k = results[(label, kind)]
-                    print(row(f"create {label}, {kind}", c))
-                    print(row(f"kill {label}, {kind}", k))
+                # Interleaved, one of each in turn, so drift in the machine's load falls on
+                # both columns alike.
+                got: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for _, k, _ in pair}
+                for i in range(args.n):
+                    for rt, kind, policy in pair:
+                        c, k = cycle(rt, 1, gap, policy, f"b{label[0]}{kind[0]}{i}x")
+                        got[kind][0].extend(c)
+                        got[kind][1].extend(k)
+                for _, kind, _ in pair:
+                    print(row(f"create {label}, {kind}", got[kind][0]))
+                    print(row(f"kill {label}, {kind}", got[kind][1]))
                 for i, op in enumerate(("create", "kill")):
-                    added = percentile(results[(label, "network")][i], 50) - percentile(
-                        results[(label, "loopback only")][i], 50
+                    added = percentile(got["network"][i], 50) - percentile(
+                        got["loopback only"][i], 50
                     )
                     print(f"  => networking adds {added:+.2f} ms to {op} p50 ({label})")
 
