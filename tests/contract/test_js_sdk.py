@@ -6,46 +6,31 @@ it gets its own end-to-end run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 from tests.support.live_server import LiveServer
-from tests.support.node_support import npm_ci, require_node
+from tests.support.node_support import run_sdk_script
 
 JS_DIR = Path(__file__).resolve().parent / "js"
 
 
 def test_js_sdk_smoke(live_server_e2b: LiveServer) -> None:
-    node, npm = require_node("the JS SDK contract test")
-    npm_ci(JS_DIR, "e2b", npm)
-
-    env = {
-        **os.environ,
-        "E2B_API_URL": live_server_e2b.url,
-        "E2B_API_KEY": live_server_e2b.api_key,
-    }
-    env.pop("E2B_DEBUG", None)  # debug mode skips the API
-    proc = subprocess.run(
-        [node, "smoke.mjs"], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=120
+    run_sdk_script(
+        JS_DIR,
+        "smoke.mjs",
+        {"E2B_API_URL": live_server_e2b.url, "E2B_API_KEY": live_server_e2b.api_key},
+        timeout=120,
     )
-
-    assert proc.returncode == 0, f"smoke.mjs failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "smoke.mjs: ok" in proc.stdout
 
 
 def test_js_sdk_quickstart_data_plane(live_server_e2b: LiveServer) -> None:
-    node, npm = require_node("the JS SDK contract test")
-    npm_ci(JS_DIR, "e2b", npm)
-    env = {
-        **os.environ,
-        "E2B_API_URL": live_server_e2b.url,
-        "E2B_SANDBOX_URL": live_server_e2b.sandbox_url,
-        "E2B_API_KEY": live_server_e2b.api_key,
-    }
-    env.pop("E2B_DEBUG", None)
-    proc = subprocess.run(
-        [node, "dataplane.mjs"], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=120
+    run_sdk_script(
+        JS_DIR,
+        "dataplane.mjs",
+        {
+            "E2B_API_URL": live_server_e2b.url,
+            "E2B_SANDBOX_URL": live_server_e2b.sandbox_url,
+            "E2B_API_KEY": live_server_e2b.api_key,
+        },
+        timeout=120,
     )
-    assert proc.returncode == 0, f"dataplane.mjs failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "dataplane.mjs: ok" in proc.stdout

@@ -5,7 +5,6 @@ update_network, validation as E2B answers it, and allowPublicTraffic's traffic t
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException
 from tests.network.conftest import unique_cidr, unique_port
 from tests.support.internet import TestInternet
 from tests.support.live_server import REPO, LiveServer, live_server
-from tests.support.node_support import npm_ci, require_node
+from tests.support.node_support import run_sdk_script
 
 WEB = "http://203.0.113.10/"
 JS_DIR = REPO / "tests" / "contract" / "js"
@@ -152,17 +151,48 @@ def test_allow_public_traffic_false_needs_the_traffic_token(sdk: LiveServer) -> 
 
 
 def test_js_sdk_network(net_server: LiveServer) -> None:
-    node, npm = require_node("the JS SDK network test")
-    npm_ci(JS_DIR, "e2b", npm)
-    env = {
-        **os.environ,
-        "E2B_API_URL": net_server.url,
-        "E2B_SANDBOX_URL": net_server.sandbox_url,
-        "E2B_API_KEY": net_server.api_key,
-    }
-    env.pop("E2B_DEBUG", None)
-    proc = subprocess.run(
-        [node, "network.mjs"], cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=180
+    run_sdk_script(
+        JS_DIR,
+        "network.mjs",
+        {
+            "E2B_API_URL": net_server.url,
+            "E2B_SANDBOX_URL": net_server.sandbox_url,
+            "E2B_API_KEY": net_server.api_key,
+        },
     )
-    assert proc.returncode == 0, f"network.mjs failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "network.mjs: ok" in proc.stdout
+
+
+def test_update_network_repeated_and_concurrent(sdk: LiveServer) -> None:
+    """The retry table's row: the same PUT 5 times, and two different ones at once, each
+    answer 204; the rules are the last committed body's, in the database and the guest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sbx = Sandbox.create()
+    try:
+        url = f"{sdk.url}/sandboxes/{sbx.sandbox_id}/network"
+        headers = {"X-API-Key": sdk.api_key}
+        deny = {"denyOut": ["8.8.8.8"]}
+        for _ in range(5):
+            assert httpx.put(url, json=deny, headers=headers, timeout=30).status_code == 204
+        assert not reaches(sbx, "http://8.8.8.8/") and reaches(sbx, "http://1.1.1.1/")
+        bodies = [{"denyOut": ["1.1.1.1"]}, {"denyOut": ["8.8.8.8"]}] * 3
+        with ThreadPoolExecutor(4) as pool:
+            codes = list(
+                pool.map(
+                    lambda b: httpx.put(url, json=b, headers=headers, timeout=30).status_code,
+                    bodies,
+                )
+            )
+        assert codes == [204] * len(bodies)
+        detail = httpx.get(f"{sdk.url}/sandboxes/{sbx.sandbox_id}", headers=headers).json()
+        denied = detail["network"].get("denyOut") or []
+        assert detail["network"]["allowPublicTraffic"] is True
+        assert denied in (["1.1.1.1"], ["8.8.8.8"])
+        # The guest follows what is stored, whichever body won.
+        assert not reaches(sbx, f"http://{denied[0]}/")
+        other = "8.8.8.8" if denied == ["1.1.1.1"] else "1.1.1.1"
+        assert reaches(sbx, f"http://{other}/")
+        missing = httpx.put(f"{sdk.url}/sandboxes/nope/network", json={}, headers=headers)
+        assert missing.status_code == 404
+    finally:
+        sbx.kill()

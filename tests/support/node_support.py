@@ -53,3 +53,19 @@ def npm_ci(folder: Path, package: str, npm: str) -> None:
     )
     if install.returncode != 0 or installed() != pinned:
         pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
+
+
+def run_sdk_script(folder: Path, script: str, env: dict[str, str], timeout: int = 180) -> None:
+    """Run ``node script`` in ``folder`` (the pinned JS SDK installed first) with the E2B
+    exports in ``env``; fail the test with its output unless it printed "<script>: ok"."""
+    import os
+
+    node, npm = require_node(f"the JS SDK test {script}")
+    npm_ci(folder, "e2b", npm)
+    full = {**os.environ, **env}
+    full.pop("E2B_DEBUG", None)  # debug mode skips the API
+    proc = subprocess.run(
+        [node, script], cwd=folder, env=full, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0 or f"{script}: ok" not in proc.stdout:
+        pytest.fail(f"{script} failed:\n{proc.stdout}\n{proc.stderr}", pytrace=False)

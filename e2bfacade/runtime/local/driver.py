@@ -150,7 +150,14 @@ class LocalRuntime:
         self.network: SandboxNetwork | None = None
         if config is not None:
             self.network = SandboxNetwork(self.layout, config, digest)
-            self.network.setup()
+            try:
+                self.network.setup()
+            except RuntimeUnavailable:
+                if network is not None:
+                    raise
+                # As last configured, but its uplink is gone: this process can still release
+                # rules and kill; new sandboxes get links with no way out (fail closed).
+                log.warning("sandbox networking is not set up", exc_info=True)
             self.capabilities = self.capabilities | {
                 Capability.INTERNET_ACCESS,
                 Capability.NETWORK_RULES,
@@ -288,8 +295,6 @@ class LocalRuntime:
         # The writable layer, disk/upper, on a file system of its own (disks.py).
         if not self.disk_pool.claim(d, spec.disk_mb, owner=id_base):
             disks.attach(d, spec.disk_mb, owner=id_base)
-        # A launcher already in groups that become the sandbox's (spares.py), or one that
-        # joins them itself (and waits for the kernel, on a quiet host).
         link = None
         if self.network is not None:
             # Rules first, then the link: the guest never has a moment of unfiltered egress.
@@ -298,6 +303,8 @@ class LocalRuntime:
             link = self.network.link(slot)
             self._write_resolv_conf(d, id_base)
             self._write_trust(d, id_base, chain)
+        # A launcher already in groups that become the sandbox's (spares.py), or one that
+        # joins them itself (and waits for the kernel, on a quiet host).
         launcher = self.spares.claim(d)
         spare = Spares.group_of(launcher) if launcher is not None else None
         if spare is not None and not self.cgroups.adopt(spare, spec.sandbox_id):
