@@ -148,13 +148,19 @@ def init_and_agent(pids: list[int], init_pid: int) -> bool:
     """Whether ``pids`` (a sandbox's cgroup) are exactly its init and the init's guest agent
     (agent.c), as right after a create."""
     others = [p for p in pids if p != init_pid]
-    if init_pid not in pids or len(others) != 1:
+    if init_pid not in pids or len(others) != 1 or parent_pid(others[0]) != init_pid:
         return False
-    try:
-        comm = Path(f"/proc/{others[0]}/comm").read_text().strip()
-    except OSError:
-        return False
-    return comm == "e2b-agent" and parent_pid(others[0]) == init_pid
+    # The init reports ready once it has forked the agent; the agent names itself a moment
+    # later (until then it is a copy of the init, "e2b-init").
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            comm = Path(f"/proc/{others[0]}/comm").read_text().strip()
+        except OSError:
+            return False
+        if comm == "e2b-agent" or time.monotonic() > deadline:
+            return comm == "e2b-agent"
+        time.sleep(0.01)
 
 
 def buried(rt: LocalRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:

@@ -638,8 +638,20 @@ class LocalRuntime:
         return reaped
 
     def _claimed_spares(self) -> set[str]:
-        sandboxes = self.root / "sandboxes"
-        return {Spares.group_of(p) for p in sandboxes.glob(f"*/{CLAIM_PREFIX}*.sock")}
+        claimed = set()
+        for entry in os.scandir(self.root / "sandboxes"):
+            if entry.name.startswith("."):
+                continue  # a tomb, being removed in the background as we look
+            try:
+                names = os.listdir(entry.path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # killed meanwhile
+            claimed |= {
+                Spares.group_of(Path(entry.path) / n)
+                for n in names
+                if n.startswith(CLAIM_PREFIX) and n.endswith(".sock")
+            }
+        return claimed
 
     def replenish(self, disk_mb: int | None = None) -> None:
         """Refill the spare launchers and the disk pool in a background thread (at most one
