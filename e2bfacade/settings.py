@@ -37,14 +37,19 @@ _Env.read_env(BASE_DIR / ".env", overwrite=False)  # fills _Env.ENVIRON, not os.
 env = _Env()
 
 
-def _positive_int(name: str, default: int) -> int:
+def _int(name: str, default: int, low: int, high: int | None, what: str) -> int:
+    """An integer setting within [low, high]; ``what`` says the range in the refusal."""
     try:
         value: int = env.int(name, default=default)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a whole number, got {env.str(name)!r}") from exc
-    if value <= 0:
-        raise ImproperlyConfigured(f"{name} must be positive, got {value}")
+    if value < low or (high is not None and value > high):
+        raise ImproperlyConfigured(f"{name} must be {what}, got {value}")
     return value
+
+
+def _positive_int(name: str, default: int) -> int:
+    return _int(name, default, 1, None, "positive")
 
 
 def _seconds(name: str, default: float) -> float:
@@ -196,15 +201,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Per-team request rate: API_RATE_LIMIT requests per API_RATE_WINDOW_SECONDS (0: no limit).
-try:
-    API_RATE_LIMIT: int = env.int("API_RATE_LIMIT", default=6000)
-except ValueError as exc:
-    raise ImproperlyConfigured(
-        f"API_RATE_LIMIT must be a whole number, got {env.str('API_RATE_LIMIT')!r}"
-    ) from exc
+API_RATE_LIMIT = _int("API_RATE_LIMIT", 6000, 0, None, "0 (off) or positive")
 API_RATE_WINDOW_SECONDS = _positive_int("API_RATE_WINDOW_SECONDS", 60)
-if API_RATE_LIMIT < 0:
-    raise ImproperlyConfigured(f"API_RATE_LIMIT must be 0 (off) or positive, got {API_RATE_LIMIT}")
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")
@@ -222,18 +220,9 @@ SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 
 SANDBOX_SNAPSHOT_MAX_MB = _positive_int("SANDBOX_SNAPSHOT_MAX_MB", 10 * 1024)
 # Admission (sandboxes/admission.py): sandboxes a team may have at once (0: no limit), and
 # how far the memory and disk given to live sandboxes may exceed what the host has.
-try:
-    SANDBOX_MAX_CONCURRENT_PER_TEAM: int = env.int("SANDBOX_MAX_CONCURRENT_PER_TEAM", default=100)
-except ValueError as exc:
-    raise ImproperlyConfigured(
-        "SANDBOX_MAX_CONCURRENT_PER_TEAM must be a whole number, got "
-        f"{env.str('SANDBOX_MAX_CONCURRENT_PER_TEAM')!r}"
-    ) from exc
-if SANDBOX_MAX_CONCURRENT_PER_TEAM < 0:
-    raise ImproperlyConfigured(
-        "SANDBOX_MAX_CONCURRENT_PER_TEAM must be 0 (no limit) or positive, got "
-        f"{SANDBOX_MAX_CONCURRENT_PER_TEAM}"
-    )
+SANDBOX_MAX_CONCURRENT_PER_TEAM = _int(
+    "SANDBOX_MAX_CONCURRENT_PER_TEAM", 100, 0, None, "0 (no limit) or positive"
+)
 
 
 def _ratio(name: str, default: float) -> float:
@@ -251,14 +240,7 @@ SANDBOX_DISK_OVERCOMMIT = _ratio("SANDBOX_DISK_OVERCOMMIT", 4.0)
 # Keyword options of the driver, from the settings above that belong to it.
 # Spare launchers and pooled disks the local runtime keeps ready (0: none; every create
 # then joins its cgroups and formats its disk itself: about 15 ms more on a quiet host).
-try:
-    SANDBOX_SPARES: int = env.int("SANDBOX_SPARES", default=2)
-except ValueError as exc:
-    raise ImproperlyConfigured(
-        f"SANDBOX_SPARES must be a whole number, got {env.str('SANDBOX_SPARES')!r}"
-    ) from exc
-if not 0 <= SANDBOX_SPARES <= 64:
-    raise ImproperlyConfigured(f"SANDBOX_SPARES must be between 0 and 64, got {SANDBOX_SPARES}")
+SANDBOX_SPARES = _int("SANDBOX_SPARES", 2, 0, 64, "between 0 and 64")
 
 
 def _sandbox_network() -> object:
@@ -287,7 +269,7 @@ def _sandbox_network() -> object:
             cidr=env.str("SANDBOX_NETWORK_CIDR", default="10.250.0.0/18"),
             dns_servers=tuple(env.list("SANDBOX_DNS_SERVERS", default=["8.8.8.8"])),
             blocked=tuple(blocked),
-            proxy_port=env.int("SANDBOX_EGRESS_PORT", default=49990),
+            proxy_port=_int("SANDBOX_EGRESS_PORT", 49990, 1, 65535, "a port (1-65535)"),
             extra_ca=env.str("SANDBOX_EXTRA_CA_CERTS", default="") or None,
         )
     except (ValueError, OSError) as exc:

@@ -116,10 +116,6 @@ class EgressSerializer(NullMeansAbsent):
             )
         return attrs
 
-    def needs_rules(self) -> bool:
-        data = self.validated_data
-        return bool(data.get("allowOut") or data.get("denyOut") or data.get("dnsServers"))
-
 
 class NetworkConfigSerializer(EgressSerializer):
     """Create's ``network``."""
@@ -143,6 +139,21 @@ class NetworkUpdateSerializer(EgressSerializer):
     what is omitted is cleared."""
 
     allow_internet_access = StrictBooleanField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        errors = capabilities.refusals(
+            {
+                "allow_internet_access": (
+                    attrs.get("allow_internet_access") is True,
+                    Capability.INTERNET_ACCESS,
+                ),
+                "network": (_rules_in(attrs), Capability.NETWORK_RULES),
+            }
+        )
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class NewSandboxSerializer(NullMeansAbsent):

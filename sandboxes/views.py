@@ -8,13 +8,10 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from e2bfacade import capabilities
 from e2bfacade.requests import body, team_of
-from e2bfacade.runtime.base import Capability
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
@@ -157,17 +154,6 @@ class SandboxViewSet(viewsets.ViewSet):
         serializer = NetworkUpdateSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        refused = capabilities.refusals(
-            {
-                "allow_internet_access": (
-                    data.get("allow_internet_access") is True,
-                    Capability.INTERNET_ACCESS,
-                ),
-                "network": (serializer.needs_rules(), Capability.NETWORK_RULES),
-            }
-        )
-        if refused:
-            raise ValidationError(refused)
         services.sandbox_update_network(
             team=team_of(request),
             sandbox_id=sandbox_id,

@@ -513,33 +513,22 @@ class LocalRuntime:
         extra = self.network.config.extra_ca
         if extra is None:
             return
-        bundle = Path("etc/ssl/certs/ca-certificates.crt")
+        bundle = "etc/ssl/certs/ca-certificates.crt"
         base = b""
         for meta in chain:  # the top layer first
             path = self.layout.image_dir(meta["id"]) / "rootfs" / bundle
             if path.is_file() and not path.is_symlink():
                 base = path.read_bytes()
                 break
-        target = d / disks.MOUNT / "upper"
-        for part in bundle.parent.parts:
-            target = target / part
-            target.mkdir(mode=0o755, exist_ok=True)
-            os.chown(target, owner, owner)
-        out = target / bundle.name
-        out.write_bytes(base + b"\n" + Path(extra).read_bytes())
-        os.chown(out, owner, owner)
-        out.chmod(0o644)
+        _write_guest_file(d, owner, bundle, base + b"\n" + Path(extra).read_bytes())
 
     def _write_resolv_conf(self, d: Path, owner: int) -> None:
         """The guest's resolvers (as E2B's templates have 8.8.8.8), in its own layer."""
         assert self.network is not None
-        etc = d / disks.MOUNT / "upper" / "etc"
-        etc.mkdir(mode=0o755, exist_ok=True)
-        os.chown(etc, owner, owner)
-        conf = etc / "resolv.conf"
-        conf.write_text("".join(f"nameserver {ip}\n" for ip in self.network.config.dns_servers))
-        os.chown(conf, owner, owner)
-        conf.chmod(0o644)
+        servers = self.network.config.dns_servers
+        _write_guest_file(
+            d, owner, "etc/resolv.conf", "".join(f"nameserver {ip}\n" for ip in servers).encode()
+        )
 
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo:
         """Capture the sandbox's files as image ``image_id`` (idempotent by that id). The
@@ -887,6 +876,21 @@ def _host_capacity(root: Path, reserve_mb: int | None) -> Capacity:
 def _conforms(runtime: LocalRuntime) -> Runtime:
     """Never called: mypy checks here that LocalRuntime implements the whole interface."""
     return runtime
+
+
+def _write_guest_file(d: Path, owner: int, relative: str, data: bytes) -> None:
+    """A file (0644) of guest root's in the new sandbox ``d``'s own layer, with its parent
+    directories (0755): only before the guest runs, when nothing in the layer is its."""
+    target = d / disks.MOUNT / "upper"
+    parts = Path(relative).parts
+    for part in parts[:-1]:
+        target = target / part
+        target.mkdir(mode=0o755, exist_ok=True)
+        os.chown(target, owner, owner)
+    out = target / parts[-1]
+    out.write_bytes(data)
+    os.chown(out, owner, owner)
+    out.chmod(0o644)
 
 
 def _policy_json(policy: NetworkPolicy) -> dict[str, Any]:

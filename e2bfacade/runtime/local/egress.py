@@ -32,6 +32,7 @@ import struct
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dns.exception
 import dns.message
@@ -133,17 +134,17 @@ class EgressProxy:
                         return str(item.address)
         return None
 
-    def decide(self, record: dict[str, object], name: str | None, address: str) -> str | None:
+    def decide(self, record: dict[str, Any], name: str | None, address: str) -> str | None:
         """Where to connect (an address), or None: refused."""
-        domains = [str(d) for d in record.get("domains") or []]  # type: ignore[attr-defined]
+        domains = [str(d) for d in record.get("domains") or []]
         if name and matches(name, domains):
             resolved = self.resolve(name)
             return resolved if resolved and not self._is_blocked(resolved) else None
         if self._is_blocked(address):
             return None
         ip = ipaddress.IPv4Address(address)
-        allow = [ipaddress.IPv4Network(n) for n in record.get("allow") or []]  # type: ignore[attr-defined]
-        deny = [ipaddress.IPv4Network(n) for n in record.get("deny") or []]  # type: ignore[attr-defined]
+        allow = [ipaddress.IPv4Network(n) for n in record.get("allow") or []]
+        deny = [ipaddress.IPv4Network(n) for n in record.get("deny") or []]
         if any(ip in n for n in allow):
             return address
         if any(ip in n for n in deny):
