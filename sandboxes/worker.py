@@ -1,5 +1,6 @@
 """What the lifecycle worker does to sandboxes (``manage.py run_worker``): apply timeouts,
-finish transitions a dead process abandoned, and make the database and the runtime agree.
+finish transitions a dead process abandoned, make the database and the runtime agree, and
+keep the runtime's warm pool.
 Several workers may run at once: rows are claimed with ``SKIP LOCKED``.
 """
 
@@ -10,12 +11,19 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.runtime.base import RuntimeConflict, SandboxNotFound, SandboxState
+from e2bfacade.runtime.base import (
+    RuntimeConflict,
+    SandboxNotFound,
+    SandboxRuntimeError,
+    SandboxSpec,
+    SandboxState,
+)
 from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_finish_kill
 from sandboxes.transitions import TRANSITIONAL_STATES, transition_finish
+from templates.models import Template
 
 State = Sandbox.State
 
@@ -129,3 +137,29 @@ def sandbox_reconcile() -> dict[str, list[str]]:
             orphans.append(sandbox_id)
     reaped = runtime.sweep()
     return {"gone": gone, "orphans": orphans, "reaped": reaped}
+
+
+def sandbox_keep_warm() -> list[str]:
+    """Ask the runtime to keep its warm pool for every public template (the ones a team
+    cannot delete; code-interpreter-v1 among them): the runtime pools only those with a
+    start command. Returns the templates asked for."""
+    runtime = get_runtime()
+    asked = []
+    for template in Template.objects.filter(team__isnull=True, kind=Template.Kind.TEMPLATE):
+        try:
+            if runtime.image_info(template.image_id).start is None:
+                continue
+        except SandboxRuntimeError:
+            continue  # its image is not built on this host
+        runtime.keep_warm(
+            SandboxSpec(
+                sandbox_id=f"shape-{template.template_id}",
+                image_id=template.image_id,
+                cpu_count=template.cpu_count,
+                memory_mb=template.memory_mb,
+                pids_max=template.pids_max,
+                disk_mb=template.disk_size_mb,
+            )
+        )
+        asked.append(template.template_id)
+    return asked

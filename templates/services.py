@@ -12,6 +12,7 @@ from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
+from templates import code_interpreter
 from templates.models import Template, new_template_id
 
 logger = logging.getLogger(__name__)
@@ -173,3 +174,35 @@ def template_sweep_images() -> list[str]:
         except ImageInUse:
             continue
     return removed
+
+
+def template_build_code_interpreter() -> tuple[Template, code_interpreter.Built]:
+    """Build the ``code-interpreter-v1`` image unless it exists, and point the public
+    template of that name at it (made on first call). A failed build changes nothing."""
+    runtime = get_runtime()
+    template_fits(
+        runtime.capacity(),
+        name=code_interpreter.ALIAS,
+        cpu_count=code_interpreter.CPU_COUNT,
+        memory_mb=code_interpreter.MEMORY_MB,
+        pids_max=DEFAULT_PIDS_MAX,
+        disk_size_mb=code_interpreter.DISK_MB,
+    )
+    built = code_interpreter.build(runtime)
+    with transaction.atomic():
+        template, _ = Template.objects.select_for_update().get_or_create(
+            template_id=code_interpreter.ALIAS,
+            defaults={
+                "alias": code_interpreter.ALIAS,
+                "team": None,
+                "image_id": built.image.image_id,
+                "cpu_count": code_interpreter.CPU_COUNT,
+                "memory_mb": code_interpreter.MEMORY_MB,
+                "disk_size_mb": code_interpreter.DISK_MB,
+            },
+        )
+        if template.image_id != built.image.image_id or not template.size_bytes:
+            template.image_id = built.image.image_id
+            template.size_bytes = built.image.size_bytes
+            template.save(update_fields=["image_id", "size_bytes", "updated_at"])
+    return template, built

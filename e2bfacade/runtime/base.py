@@ -14,8 +14,9 @@ import enum
 import re
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Protocol
 
 # E2B's ids are "i" + 20 of [a-z0-9]; we accept any short URL-safe id and refuse everything
@@ -431,6 +432,36 @@ class ImageInfo:
     parent: str | None
     size_bytes: int
     created_at: float = 0.0
+    # What a sandbox of this image (or of an image above it, a snapshot) starts with.
+    start: StartCommand | None = None
+
+
+@dataclass(frozen=True)
+class StartCommand:
+    """A template's start command: a process the runtime starts in every new sandbox of
+    the image, as ``user`` in ``cwd`` with ``env`` (over the sandbox's env vars). A create
+    returns once ``ready_port`` accepts connections inside the sandbox (None: at once) and
+    fails, leaving nothing, when the command exits first or ``ready_timeout`` passes."""
+
+    argv: tuple[str, ...]
+    user: str = DEFAULT_USER
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_port: int | None = None
+    ready_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """An image made by code instead of an archive: ``populate`` fills the new layer's
+    root (a directory on the host, on top of ``parent``'s files); ``env`` is the
+    environment of every process in its sandboxes (under the sandbox's env vars)."""
+
+    image_id: str
+    parent: str | None
+    populate: Callable[[Path], None]
+    env: Mapping[str, str] = field(default_factory=dict)
+    start: StartCommand | None = None
 
 
 class Runtime(Protocol):
@@ -442,6 +473,10 @@ class Runtime(Protocol):
 
     def import_image(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
         """A root file system tarball, read from ``archive``, becomes image ``image_id``."""
+        ...
+
+    def build_image(self, build: ImageBuild) -> ImageInfo:
+        """Make image ``build.image_id`` (see :class:`ImageBuild`); an existing one is kept."""
         ...
 
     def image_info(self, image_id: str) -> ImageInfo: ...
@@ -461,6 +496,13 @@ class Runtime(Protocol):
 
     def metrics(self, sandbox_id: str) -> Metrics: ...
     def capacity(self) -> Capacity: ...
+    def keep_warm(self, spec: SandboxSpec) -> None:
+        """Keep sandboxes of ``spec``'s shape (its image, CPUs, memory, processes, disk,
+        default user; not its id) started ahead, for a template with a start command: a
+        create of that shape takes one instead of waiting for the start command. A driver
+        without a pool does nothing. Pool sandboxes are no one's: never in :meth:`list`."""
+        ...
+
     def sweep(self) -> builtins.list[str]:
         """Release what no live sandbox owns (whatever that means for the driver: dead
         sandboxes, half-made ones, leftover groups); returns the ids released. Safe beside

@@ -89,22 +89,30 @@ async def forward(
         conn.send(h11.Request(method=scope["method"], target=_target(scope), headers=headers))
     )
 
+    client_gone = asyncio.Event()
+
     async def upload() -> None:
+        sent = False
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                # The client hung up: so does the guest's side, as a direct connection
+                # would (a streaming service learns it, e.g. the Code Interpreter's
+                # execution service interrupts its kernel).
+                client_gone.set()
+                writer.close()
                 return
             body = message.get("body", b"")
-            if body:
+            if body and not sent:
                 writer.write(conn.send(h11.Data(data=body)))
                 await writer.drain()
-            if not message.get("more_body", False):
+            if not message.get("more_body", False) and not sent:
                 writer.write(conn.send(h11.EndOfMessage()))
                 await writer.drain()
-                return
+                sent = True  # then wait on, for the disconnect (cancelled at the end)
 
     uploading = asyncio.ensure_future(upload())
-    started = False
+    started = complete = False
     try:
         while True:
             event = conn.next_event()
@@ -124,7 +132,10 @@ async def forward(
                 await send(
                     {"type": "http.response.body", "body": bytes(event.data), "more_body": True}
                 )
-            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            elif isinstance(event, h11.EndOfMessage):
+                complete = True
+                break
+            elif isinstance(event, h11.ConnectionClosed):
                 break
     except h11.RemoteProtocolError as exc:
         if not started:
@@ -142,6 +153,11 @@ async def forward(
             send, 502, json_body(502, f"the sandbox's port {port} closed without answering")
         )
         return
+    if not complete and not client_gone.is_set():
+        # Cut off mid-response (the sandbox was killed, its service died): the client must
+        # see a cut too, not a response that looks complete. Raising after the start makes
+        # the server drop the connection.
+        raise ConnectionAbortedError(f"the sandbox's port {port} closed in mid-response")
     await send({"type": "http.response.body", "body": b""})
 
 

@@ -31,18 +31,23 @@ def require_node(purpose: str) -> tuple[str, str]:
 
 
 def npm_ci(folder: Path, package: str, npm: str) -> None:
-    """Make ``folder/node_modules`` hold the pinned ``package``: on a clean clone (or after a
-    pin changed) run ``npm ci``, which installs exactly what package-lock.json says."""
-    pinned = json.loads((folder / "package.json").read_text())["dependencies"][package]
+    """Make ``folder/node_modules`` hold the pinned ``package`` and every other dependency
+    package.json pins: on a clean clone (or after a pin changed) run ``npm ci``, which
+    installs exactly what package-lock.json says."""
+    pins = json.loads((folder / "package.json").read_text())["dependencies"]
+    pins[package]  # noqa: B018 - a KeyError for a package the folder does not pin
 
-    def installed() -> str | None:
+    def installed(name: str) -> str | None:
         try:
-            manifest = folder / "node_modules" / package / "package.json"
+            manifest = folder / "node_modules" / name / "package.json"
             return str(json.loads(manifest.read_text())["version"])
         except (OSError, ValueError, KeyError):
             return None
 
-    if installed() == pinned:
+    def all_installed() -> bool:
+        return all(installed(name) == version for name, version in pins.items())
+
+    if all_installed():
         return
     install = subprocess.run(
         [npm, "ci", "--no-audit", "--no-fund"],
@@ -51,7 +56,7 @@ def npm_ci(folder: Path, package: str, npm: str) -> None:
         text=True,
         timeout=300,
     )
-    if install.returncode != 0 or installed() != pinned:
+    if install.returncode != 0 or not all_installed():
         pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
 
 

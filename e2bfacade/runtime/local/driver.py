@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import errno
+import json
 import logging
 import os
 import re
@@ -34,6 +36,7 @@ from e2bfacade.runtime.base import (
     EntryInfo,
     FileType,
     GuestFileError,
+    ImageBuild,
     ImageInfo,
     ImageInUse,
     LimitExceeded,
@@ -50,14 +53,15 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxState,
+    StartCommand,
     WatcherChanges,
     check_id,
 )
-from e2bfacade.runtime.local import build, disks, netns, trees
+from e2bfacade.runtime.local import build, disks, netns, trees, warm
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
-from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore
+from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore, env_of, start_of
 from e2bfacade.runtime.local.network import (
     NetworkConfig,
     SandboxNetwork,
@@ -86,6 +90,9 @@ DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
 log = logging.getLogger(__name__)
 HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Where a start command finds the sandbox's env vars when they change after it started (a
+# warm pool sandbox's claim): a JSON object; ``E2B_ENV_FILE`` in its environment names it.
+GUEST_ENV_FILE = "/run/e2b/env.json"
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ class LocalRuntime:
         host_reserve_mb: int | None = None,
         spares: int = 2,
         network: NetworkConfig | None = None,
+        warm: int = 0,
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -164,10 +172,22 @@ class LocalRuntime:
             }
         self._pool_sizes: dict[int, None] = {DEFAULT_DISK_MB: None}  # most recent last
         self._refilling = threading.Lock()
+        # The warm pool (warm.py): per shape of a template with a start command, ``warm``
+        # sandboxes already started; the shapes this process has seen, most recent last.
+        self.warm_target = warm if self.cgroups.version == 1 else 0
+        self._warm_shapes: dict[str, SandboxSpec] = {}
+        self._warming = threading.Lock()
+        self._version = build.source_hash()
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:
         return self.images.info(image_id)
+
+    def build_image(self, spec: ImageBuild) -> ImageInfo:
+        check_id(spec.image_id, "image id")
+        if spec.parent == BASE_IMAGE:
+            self.images.ensure_base()
+        return self.images.build(spec)
 
     def ensure_base_image(self) -> ImageInfo:
         return self.images.ensure_base()
@@ -266,8 +286,19 @@ class LocalRuntime:
             if spec.image_id == BASE_IMAGE:
                 self.images.ensure_base()
             chain = self.images.chain(spec.image_id)  # ImageNotFound before anything is made
+            start = start_of(chain)
+            key = warm.shape_key(spec, self._version)
             try:
-                return self._start(spec, chain)
+                if start is not None and not warm.is_warm(spec.sandbox_id):
+                    claimed = self._claim_warm(spec, key, start)
+                    if claimed is not None:
+                        self.keep_warm(spec)  # its replacement
+                        return claimed
+                info = self._start(spec, chain, key if warm.is_warm(spec.sandbox_id) else None)
+                if start is not None:
+                    self._run_start(spec.sandbox_id, start)
+                    self.keep_warm(spec)
+                return info
             except BaseException as exc:
                 self._destroy(spec.sandbox_id)
                 if isinstance(exc, (CreateRefused, RuntimeUnavailable)):
@@ -280,7 +311,9 @@ class LocalRuntime:
                 # through a migration, which the rename of this create's groups would wait on.
                 self.replenish(spec.disk_mb)
 
-    def _start(self, spec: SandboxSpec, chain: builtins.list[dict[str, Any]]) -> LocalSandboxInfo:
+    def _start(
+        self, spec: SandboxSpec, chain: builtins.list[dict[str, Any]], warm_key: str | None
+    ) -> LocalSandboxInfo:
         d = self.layout.sandbox_dir(spec.sandbox_id)
         id_base = self.layout.id_base_take(spec.sandbox_id)
         binds = [b for meta in chain for b in meta.get("host_binds", ())]
@@ -354,9 +387,190 @@ class LocalRuntime:
             "envd_access_token": spec.envd_access_token,
             "traffic_access_token": spec.traffic_access_token,
             "network": _policy_json(spec.network) if link is not None else None,
+            # The template's environment, under env_vars (images.env_of).
+            "image_env": env_of(chain),
         }
+        if warm_key is not None:
+            state["warm"] = warm_key
+            state["warm_version"] = self._version
         write_json(d / "state.json", state)  # the commit point: from here it exists
         return self._info(state)
+
+    def _run_start(self, sandbox_id: str, start: StartCommand) -> None:
+        """Start the template's start command; return once it is ready (StartCommand)."""
+        proc = self.start_process(
+            sandbox_id,
+            ProcessSpec(
+                argv=start.argv,
+                user=start.user,
+                cwd=start.cwd,
+                env={**start.env, "E2B_ENV_FILE": GUEST_ENV_FILE},
+                tag="start",
+            ),
+        )
+        try:
+            if start.ready_port is None:
+                return
+            deadline = time.monotonic() + start.ready_timeout
+            while True:
+                try:
+                    self.connect_port(sandbox_id, start.ready_port, timeout=1.0).close()
+                    return
+                except GuestFileError:
+                    pass
+                try:
+                    status = proc.wait(timeout=0.01)
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise CreateRefused(
+                            f"the template's start command did not open port "
+                            f"{start.ready_port} within {start.ready_timeout:g} s"
+                        ) from None
+                    continue
+                said = b"".join(data for _, data in proc.output())[-800:]
+                raise CreateRefused(
+                    f"the template's start command exited (status {status.exit_code}) before "
+                    f"port {start.ready_port} opened: {said.decode(errors='replace').strip()}"
+                )
+        finally:
+            proc.close()
+
+    def _claim_warm(
+        self, spec: SandboxSpec, key: str, start: StartCommand
+    ) -> LocalSandboxInfo | None:
+        """Take a ready pool sandbox of the create's shape as ``spec.sandbox_id`` (warm.py);
+        None when there is none. Caller holds the id's lock; the id has no directory."""
+        if not self.warm_target:
+            return None
+        d = self.layout.sandbox_dir(spec.sandbox_id)
+        for pool_dir in warm.ready(self.root / "sandboxes", key):
+            # Its lock keeps the sweep off it while it moves (a lock stripe it shares with
+            # our own id would block: then skip it).
+            with self.layout.locked("sandbox", pool_dir.name, blocking=False) as got:
+                if not got:
+                    continue
+                try:
+                    os.rename(pool_dir, d)  # exactly one claimer wins
+                except FileNotFoundError:
+                    continue
+            info = self._adopt_warm(spec, pool_dir.name, start)
+            if info is not None:
+                return info
+            self._destroy(spec.sandbox_id)  # it had died: under both names
+        return None
+
+    def _adopt_warm(
+        self, spec: SandboxSpec, pool_id: str, start: StartCommand
+    ) -> LocalSandboxInfo | None:
+        d = self.layout.sandbox_dir(spec.sandbox_id)
+        state: dict[str, Any] = json.loads((d / "state.json").read_text())
+        if self._info(state).state is not SandboxState.RUNNING:
+            return None
+        pid, init_start = int(state["init_pid"]), int(state["init_start"])
+        if start.ready_port is not None:
+            try:  # its service may have died while it waited (killed, out of memory)
+                netns.connect(pid, init_start, start.ready_port, 1.0).close()
+            except GuestFileError:
+                return None
+        if not self.cgroups.adopt(pool_id, spec.sandbox_id):
+            return None
+        slot = self.layout.slot_move(pool_id, spec.sandbox_id)
+        if slot is None:
+            return None
+        if self.network is not None:
+            self.network.apply(slot, spec.sandbox_id, spec.network)
+        netns.set_hostname(pid, init_start, spec.hostname or spec.sandbox_id)
+        self.cgroups.create(
+            spec.sandbox_id,
+            cpu_count=spec.cpu_count,
+            memory_mb=spec.memory_mb,
+            pids_max=spec.pids_max,
+        )
+        # Where its start command reads the sandbox's env vars (E2B_ENV_FILE): it was
+        # started before they were known.
+        env = json.dumps(dict(spec.env_vars)).encode()
+        with GuestFiles(pid, init_start, "root", int(state["id_base"])) as files:
+            files.make_dir(os.path.dirname(GUEST_ENV_FILE))
+            files.write(GUEST_ENV_FILE, [env])
+        (d / warm.READY).unlink(missing_ok=True)
+        state.pop("warm", None)
+        state.pop("warm_version", None)
+        state.update(
+            sandbox_id=spec.sandbox_id,
+            created_at=time.time(),
+            env_vars=dict(spec.env_vars),
+            envd_access_token=spec.envd_access_token,
+            traffic_access_token=spec.traffic_access_token,
+            network=_policy_json(spec.network) if self.network is not None else None,
+        )
+        write_json(d / "state.json", state)  # the commit point, as for any create
+        return self._info(state)
+
+    def keep_warm(self, spec: SandboxSpec) -> None:
+        """Keep ``warm`` pool sandboxes of ``spec``'s shape ready (a background refill; at
+        most one per process, one per shape across processes). Only images with a start
+        command have a pool; this process remembers the four most recent shapes."""
+        if not self.warm_target or warm.is_warm(spec.sandbox_id):
+            return
+        if not self.images.read(spec.image_id).get("start"):
+            return  # a template's own start command; a snapshot of one gets no pool
+        key = warm.shape_key(spec, self._version)
+        self._warm_shapes.pop(key, None)
+        self._warm_shapes[key] = spec
+        while len(self._warm_shapes) > 4:
+            del self._warm_shapes[next(iter(self._warm_shapes))]
+        if not self._warming.acquire(blocking=False):
+            return
+        threading.Thread(target=self._fill_warm, name="e2bfacade-warm", daemon=True).start()
+
+    def _fill_warm(self) -> None:
+        try:
+            # Until a pass finds nothing to do: shapes may be added while it runs.
+            while self.warm_target and self._fill_warm_pass():
+                pass
+        finally:
+            self._warming.release()
+
+    def _fill_warm_pass(self) -> bool:
+        """One pool sandbox for each shape short of its target; whether any was made."""
+        made = False
+        for key, shape in reversed(list(self._warm_shapes.items())):
+            with self.layout.locked("warm", key, blocking=False) as got:
+                if not got:
+                    continue  # another process fills this shape
+                if warm.count(self.root / "sandboxes", key) >= self.warm_target:
+                    continue
+                pool_id = warm.new_id()
+                try:
+                    self.create(
+                        dataclasses.replace(
+                            shape,
+                            sandbox_id=pool_id,
+                            hostname="",
+                            env_vars={},
+                            envd_access_token=None,
+                            traffic_access_token=None,
+                            network=NetworkPolicy(),
+                        )
+                    )
+                    (self.layout.sandbox_dir(pool_id) / warm.READY).touch()
+                except Exception:  # noqa: BLE001 - the pool is an optimisation
+                    # Forgotten until a create of that shape succeeds again: a template
+                    # whose start command fails must not be retried in a loop.
+                    log.exception("a warm pool sandbox could not be started")
+                    self._warm_shapes.pop(key, None)
+                    continue
+                made = True
+        return made
+
+    def discard_warm(self) -> None:
+        """Stop filling the warm pool and end its sandboxes (a runtime being torn down)."""
+        self.warm_target = 0
+        with self._warming:
+            for sid in sorted(self.layout.sandbox_ids()):
+                if warm.is_warm(sid):
+                    with self.layout.locked("sandbox", sid):
+                        self._destroy(sid)
 
     @staticmethod
     def _payload(request: builtins.list[str]) -> bytes:
@@ -429,18 +643,27 @@ class LocalRuntime:
         # end (a data-plane stream) asks, and learns that the sandbox ended, not the command.
         with contextlib.suppress(FileNotFoundError):
             (d / "state.json").rename(d / ".state.ending")
-        if self.cgroups.exists(sandbox_id):
-            self.cgroups.kill_all(sandbox_id)
-            if not self.cgroups.wait_empty(sandbox_id):
-                raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
-            self.cgroups.remove(sandbox_id)
+        # A pool sandbox whose claim a crash interrupted (warm.py) still has its groups or
+        # its slot under its pool name: those go too.
+        names = [sandbox_id]
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            origin = json.loads((d / ".state.ending").read_text())["sandbox_id"]
+            if origin != sandbox_id and warm.is_warm(check_id(origin)):
+                names.append(origin)
+        for name in names:
+            if self.cgroups.exists(name):
+                self.cgroups.kill_all(name)
+                if not self.cgroups.wait_empty(name):
+                    raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
+                self.cgroups.remove(name)
         # No process of the sandbox is left: its rules, then its id range (and with it its
         # network slot), may go to the next one. Its link went with its network namespace.
-        if self.network is not None:
-            slot = self.layout.slot_of(sandbox_id)
-            if slot is not None:
-                self.network.release(slot)
-        self.layout.id_base_free(sandbox_id)
+        for name in names:
+            if self.network is not None:
+                slot = self.layout.slot_of(name)
+                if slot is not None:
+                    self.network.release(slot)
+            self.layout.id_base_free(name)
         if d.exists():
             # A claimed launcher that never became the sandbox's (a crash between the
             # claim and the groups' rename) still sits in its spare groups.
@@ -464,7 +687,7 @@ class LocalRuntime:
         out: builtins.list[SandboxInfo] = []
         for sid in sorted(self.layout.sandbox_ids()):
             state = self.layout.read_state(sid)
-            if state is not None:
+            if state is not None and "warm" not in state:  # the pool is no one's sandbox
                 out.append(self._info(state))
         return out
 
@@ -612,7 +835,14 @@ class LocalRuntime:
                 if not got:
                     continue
                 state = self.layout.read_state(sid)
-                if state is not None and self._info(state).state is not SandboxState.DEAD:
+                stale = state is not None and state.get("warm_version", self._version) != (
+                    self._version
+                )  # a pool sandbox the previous helper binaries made: no create takes it
+                if (
+                    state is not None
+                    and not stale
+                    and self._info(state).state is not SandboxState.DEAD
+                ):
                     continue
                 if self._destroy(sid):
                     reaped.append(sid)
@@ -667,7 +897,9 @@ class LocalRuntime:
         threading.Thread(target=refill, name="e2bfacade-spares", daemon=True).start()
 
     def discard_spares(self) -> None:
-        """End every parked launcher and pooled disk (for a runtime being torn down)."""
+        """End every parked launcher, pooled disk and pool sandbox (for a runtime being torn
+        down)."""
+        self.discard_warm()
         self.spares.closed = self.disk_pool.closed = True  # a running refill stops soon
         with self._refilling:
             self.spares.discard()
@@ -702,7 +934,9 @@ class LocalRuntime:
             account = lookup_user(root_fd, spec.user or state.get("default_user") or DEFAULT_USER)
         finally:
             os.close(root_fd)
-        env = process_env(account, state.get("env_vars") or {}, spec)
+        env = process_env(
+            account, {**(state.get("image_env") or {}), **(state.get("env_vars") or {})}, spec
+        )
         if any("\0" in k or "\0" in v or "=" in k for k, v in env.items()):
             raise CreateRefused("an environment variable contains a NUL byte or '=' in its name")
         cwd = spec.cwd or account.home

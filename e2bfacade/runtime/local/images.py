@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from e2bfacade.runtime.base import BUILTIN_IMAGE, CreateRefused, ImageInfo, ImageNotFound
+from e2bfacade.runtime.base import (
+    BUILTIN_IMAGE,
+    CreateRefused,
+    ImageBuild,
+    ImageInfo,
+    ImageNotFound,
+    StartCommand,
+)
 from e2bfacade.runtime.local import layers, trees
 from e2bfacade.runtime.local.state import Layout
 from e2bfacade.runtime.local.state import write_json as state_write_json
@@ -95,6 +103,7 @@ class ImageStore:
             parent=meta.get("parent"),
             size_bytes=int(meta.get("size", 0)),
             created_at=float(meta.get("created", 0)),
+            start=start_of(self.chain(image_id)),
         )
 
     def exists(self, image_id: str) -> bool:
@@ -177,6 +186,22 @@ class ImageStore:
             return self.info(BASE_IMAGE)
         return self.publish(BASE_IMAGE, _build_base)
 
+    def build(self, spec: ImageBuild) -> ImageInfo:
+        """An image made by ``spec.populate`` on top of ``spec.parent`` (see ImageBuild)."""
+        if spec.parent is not None:
+            self.read(spec.parent)  # ImageNotFound before anything is made
+
+        def make(tmp: Path) -> dict[str, Any]:
+            spec.populate(tmp / "rootfs")
+            meta: dict[str, Any] = {"parent": spec.parent, "host_binds": []}
+            if spec.env:
+                meta["env"] = dict(spec.env)
+            if spec.start is not None:
+                meta["start"] = dataclasses.asdict(spec.start)
+            return meta
+
+        return self.publish(spec.image_id, make)
+
     def import_archive(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
         """A rootfs tarball (read from ``archive``) becomes image ``image_id``. Unsafe
         members (absolute paths, ``..``, links out of the tree, devices) are refused."""
@@ -204,6 +229,30 @@ class ImageStore:
             raise CreateRefused(f"cannot import the archive: {exc}") from exc
         finally:
             spool.unlink(missing_ok=True)
+
+
+def start_of(chain: builtins.list[dict[str, Any]]) -> StartCommand | None:
+    """The start command of the topmost image in ``chain`` that has one."""
+    for meta in chain:
+        start = meta.get("start")
+        if start:
+            return StartCommand(
+                argv=tuple(start["argv"]),
+                user=str(start.get("user") or "user"),
+                cwd=start.get("cwd"),
+                env=dict(start.get("env") or {}),
+                ready_port=start.get("ready_port"),
+                ready_timeout=float(start.get("ready_timeout", 60.0)),
+            )
+    return None
+
+
+def env_of(chain: builtins.list[dict[str, Any]]) -> dict[str, str]:
+    """The images' environment, the top layer's values winning."""
+    env: dict[str, str] = {}
+    for meta in reversed(chain):
+        env.update(meta.get("env") or {})
+    return env
 
 
 def _remove_quietly(path: Path) -> None:

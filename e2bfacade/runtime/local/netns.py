@@ -19,6 +19,7 @@ from e2bfacade.runtime.base import GuestFileError
 from e2bfacade.runtime.local.files import open_init
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUTS = 0x04000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -58,3 +59,26 @@ def connect(init_pid: int, init_start: int, port: int, timeout: float) -> socket
         raise GuestFileError(code, f"port {port} is not open in the sandbox") from None
     sock.settimeout(None)
     return sock
+
+
+def set_hostname(init_pid: int, init_start: int, name: str) -> None:
+    """Set the sandbox's host name from the host (its guest has no CAP_SYS_ADMIN to)."""
+    uts_fd = open_init(init_pid, init_start, "ns/uts", os.O_RDONLY)
+    failed: list[int] = []
+
+    def inside() -> None:
+        if (
+            _libc.setns(uts_fd, CLONE_NEWUTS) != 0
+            or _libc.sethostname(name.encode(), len(name.encode())) != 0
+        ):
+            failed.append(ctypes.get_errno())
+
+    try:
+        worker = threading.Thread(target=inside, name="e2bfacade-uts")
+        worker.start()
+        worker.join()
+    finally:
+        os.close(uts_fd)
+    if failed:
+        reason = os.strerror(failed[0])
+        raise GuestFileError(failed[0], f"cannot set the sandbox's host name: {reason}")

@@ -81,10 +81,16 @@ class Layout:
         return {p.name for p in (self.root / "sandboxes").iterdir() if not p.name.startswith(".")}
 
     def read_state(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The sandbox's state, or None while it is not (or no longer) created. A state
+        naming another sandbox is a pool sandbox's whose claim did not finish (warm.py):
+        not created either."""
         try:
-            return json.loads((self.sandbox_dir(sandbox_id) / "state.json").read_text())  # type: ignore[no-any-return]
+            state = json.loads((self.sandbox_dir(sandbox_id) / "state.json").read_text())
         except FileNotFoundError:
             return None
+        if state.get("sandbox_id") != sandbox_id:
+            return None
+        return state  # type: ignore[no-any-return]
 
     def id_base_take(self, sandbox_id: str) -> int:
         """A free id range for ``sandbox_id`` (or the one it already holds); its base.
@@ -119,6 +125,22 @@ class Layout:
         if slot is not None:
             (self.root / "ids" / str(slot)).unlink(missing_ok=True)
         (self.root / "ids" / f"s-{sandbox_id}").unlink(missing_ok=True)
+
+    def slot_move(self, old: str, new: str) -> int | None:
+        """Hand ``old``'s slot to ``new`` (a pool sandbox's claim; caller holds both ids'
+        lock or the claim); None when ``old`` holds none. In every state a crash may leave,
+        the slot is held by one of the two and freeing both names frees it."""
+        slot = self._slot_of(old)
+        if slot is None:
+            return None
+        link = self.root / "ids" / f"s-{new}"
+        link.unlink(missing_ok=True)
+        os.symlink(str(slot), link)
+        tmp = self.root / "ids" / f".{slot}.{os.getpid()}.tmp"
+        tmp.write_text(new)
+        os.replace(tmp, self.root / "ids" / str(slot))
+        (self.root / "ids" / f"s-{old}").unlink(missing_ok=True)
+        return slot
 
     def slot_holder(self, slot: int) -> str | None:
         """The sandbox holding ``slot``, or None."""

@@ -82,6 +82,7 @@ class Command(BaseCommand):
             for sandbox_id in worker.sandbox_recover_stale(older_than=now - stale_after):
                 logger.info("sandbox %s: finished an abandoned transition", sandbox_id)
         if full or n % 10 == 0:
+            worker.sandbox_keep_warm()
             result = worker.sandbox_reconcile()
             for kind, ids in result.items():
                 for sandbox_id in ids:

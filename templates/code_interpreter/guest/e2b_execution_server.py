@@ -1,0 +1,476 @@
+"""The Code Interpreter's execution service: what ``e2b-code-interpreter``'s ``run_code``
+and its contexts talk to on port 49999 inside a ``code-interpreter-v1`` sandbox.
+
+It runs as ``user`` inside the sandbox, with the template's own Python (a virtual
+environment under /opt/e2b-code-interpreter), and talks to Jupyter kernels through
+jupyter_client; HTTP is tornado's (both come with ipykernel). One kernel per context; one
+execution at a time per context, in arrival order.
+
+The wire (see docs in the project's README, "Code Interpreter"):
+
+* ``POST /execute`` ``{"code", "context_id"?, "language"?, "env_vars"?}``: 200 and one JSON
+  object per line: ``number_of_executions``, ``stdout``/``stderr``, ``result``, ``error``,
+  ``keepalive`` after 5 s of silence, then ``end_of_execution`` (always last). A client that
+  hangs up interrupts the kernel.
+* ``GET|POST /contexts``, ``DELETE /contexts/<id>``, ``POST /contexts/<id>/restart``.
+* ``GET /health``: ``OK`` once the default Python kernel answers.
+
+The sandbox's environment variables (those given at create) come from the process's own
+environment and, when the runtime rewrites it, from ``$E2B_ENV_FILE`` (a JSON object): a
+sandbox taken from a warm pool gets its create's variables that way. Each kernel receives
+changes before its next execution; per-call ``env_vars`` hold for that execution only.
+
+This file is not imported by the control plane: it is copied into the template's image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import queue
+import shlex
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+from tornado import httpserver, iostream, web
+
+log = logging.getLogger("e2b-execution")
+
+PORT = int(os.environ.get("E2B_EXECUTION_PORT", "49999"))
+ENV_FILE = os.environ.get("E2B_ENV_FILE", "")
+DEFAULT_CWD = os.environ.get("E2B_DEFAULT_CWD", "/home/user")
+KEEPALIVE_S = 5.0
+KERNEL_START_TIMEOUT_S = 60.0
+# E2B's language names, and what the SDKs send for them.
+LANGUAGE_ALIASES = {
+    "python": "python",
+    "python3": "python",
+    "py": "python",
+    "bash": "bash",
+    "sh": "bash",
+    "shell": "bash",
+}
+# The kernelspec of each language this template has (see its build).
+KERNELS = {"python": "python3", "bash": "bash"}
+# Languages E2B's own template serves that this one does not: asked for by name, they get
+# an explicit error instead of a Python kernel.
+UNSUPPORTED = {"javascript", "js", "typescript", "ts", "r", "java", "deno"}
+MIME_KEYS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def normalize_language(language: str | None) -> str:
+    name = (language or "python").strip().lower()
+    if name in LANGUAGE_ALIASES:
+        return LANGUAGE_ALIASES[name]
+    if name in UNSUPPORTED:
+        raise RequestError(
+            400, f"language {language!r} is not available in this template (python and bash are)"
+        )
+    raise RequestError(400, f"unknown language {language!r} (python and bash are available)")
+
+
+def read_env_file() -> dict[str, str]:
+    if not ENV_FILE:
+        return {}
+    try:
+        with open(ENV_FILE, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def env_code(language: str, values: dict[str, str | None]) -> str:
+    """Code that sets (value) or unsets (None) environment variables in a kernel."""
+    if language == "python":
+        return (
+            "import os as __e2b_os\n"
+            f"for __e2b_k, __e2b_v in {values!r}.items():\n"
+            "    if __e2b_v is None: __e2b_os.environ.pop(__e2b_k, None)\n"
+            "    else: __e2b_os.environ[__e2b_k] = __e2b_v\n"
+            "del __e2b_os, __e2b_k, __e2b_v\n"
+        )
+    lines = [
+        f"unset {shlex.quote(k)}" if v is None else f"export {shlex.quote(k)}={shlex.quote(v)}"
+        for k, v in values.items()
+    ]
+    return "\n".join(lines) or ":"
+
+
+def result_item(content: dict[str, Any], main: bool) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "result", "is_main_result": main}
+    extra: dict[str, Any] = {}
+    for mime, value in (content.get("data") or {}).items():
+        key = MIME_KEYS.get(mime)
+        if key is None:
+            extra[mime] = value
+            continue
+        if key == "text" and isinstance(value, str) and len(value) >= 2:
+            # A string's repr: the SDKs show the string itself, as E2B's server does.
+            if value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+        item[key] = value
+    item["extra"] = extra
+    return item
+
+
+@dataclass
+class Context:
+    id: str
+    language: str
+    cwd: str
+    manager: AsyncKernelManager
+    client: Any = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    env_applied: dict[str, str] = field(default_factory=dict)
+    env_started: dict[str, str] = field(default_factory=dict)
+    pending: asyncio.Future[Any] | None = None
+
+    def describe(self) -> dict[str, str]:
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    async def start(self) -> None:
+        env = {**os.environ, **read_env_file()}
+        env.pop("E2B_EXECUTION_PORT", None)
+        self.env_applied = self.env_started = read_env_file()
+        await self.manager.start_kernel(cwd=self.cwd, env=env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        await self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            self.client.stop_channels()
+        with contextlib.suppress(Exception):
+            await self.manager.shutdown_kernel(now=True)
+
+    async def restart(self) -> None:
+        async with self.lock:
+            if self.pending is not None:
+                self.pending.cancel()
+                self.pending = None
+            # A new kernel process on the same ports, with the environment it started with.
+            await self.manager.restart_kernel(now=True)
+            self.env_applied = self.env_started
+            await self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+
+    async def next_iopub(self, timeout: float) -> dict[str, Any] | None:
+        """The kernel's next broadcast message, or None after ``timeout`` seconds (the
+        read stays pending for the next call, so no message is lost)."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self.client.get_iopub_msg())
+        done, _ = await asyncio.wait({self.pending}, timeout=timeout)
+        if not done:
+            return None
+        fut, self.pending = self.pending, None
+        return fut.result()  # type: ignore[no-any-return]
+
+    async def reply(self, msg_id: str) -> None:
+        """Consume the kernel's reply to ``msg_id`` on the shell channel."""
+        while True:
+            try:
+                msg = await self.client.get_shell_msg(timeout=KERNEL_START_TIMEOUT_S)
+            except queue.Empty:
+                return
+            if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                return
+
+    async def run_quietly(self, code: str) -> None:
+        """Run set-up code: no output, no execution count, nothing in the history."""
+        msg_id = self.client.execute(code, silent=True, store_history=False)
+        await self.reply(msg_id)
+
+    async def sync_env(self) -> None:
+        wanted = read_env_file()
+        if wanted == self.env_applied or not ENV_FILE:
+            return
+        change: dict[str, str | None] = {k: v for k, v in wanted.items()}
+        for gone in set(self.env_applied) - set(wanted):
+            change[gone] = os.environ.get(gone)
+        await self.run_quietly(env_code(self.language, change))
+        self.env_applied = wanted
+
+
+class Contexts:
+    def __init__(self) -> None:
+        self.by_id: dict[str, Context] = {}
+        self.defaults: dict[str, str] = {}  # language -> id of its default context
+
+    async def create(self, language: str, cwd: str, *, default: bool = False) -> Context:
+        if not os.path.isdir(cwd):
+            raise RequestError(400, f"cwd {cwd!r} is not a directory in the sandbox")
+        if not os.access(cwd, os.X_OK):
+            raise RequestError(400, f"cwd {cwd!r} is not open to the user the kernels run as")
+        manager = AsyncKernelManager(kernel_name=KERNELS[language])
+        ctx = Context(id=str(uuid.uuid4()), language=language, cwd=cwd, manager=manager)
+        try:
+            await ctx.start()
+        except Exception:
+            await ctx.stop()
+            raise
+        self.by_id[ctx.id] = ctx
+        if default:
+            self.defaults[language] = ctx.id
+        return ctx
+
+    async def default_for(self, language: str) -> Context:
+        ctx_id = self.defaults.get(language)
+        if ctx_id is not None and ctx_id in self.by_id:
+            return self.by_id[ctx_id]
+        return await self.create(language, DEFAULT_CWD, default=True)
+
+    def get(self, ctx_id: str) -> Context:
+        if ctx_id == "default":
+            ctx_id = self.defaults.get("python", "")
+        ctx = self.by_id.get(ctx_id)
+        if ctx is None:
+            raise RequestError(404, f"Context {ctx_id} not found")
+        return ctx
+
+    def listed(self) -> list[dict[str, str]]:
+        return [ctx.describe() for ctx in self.by_id.values()]
+
+    async def remove(self, ctx_id: str) -> None:
+        ctx = self.get(ctx_id)
+        del self.by_id[ctx.id]
+        for language, default_id in list(self.defaults.items()):
+            if default_id == ctx.id:
+                del self.defaults[language]
+        async with ctx.lock:
+            await ctx.stop()
+
+
+CONTEXTS = Contexts()
+
+
+class Base(web.RequestHandler):
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(
+            exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else self._reason
+        )
+
+    def fail(self, exc: RequestError) -> None:
+        self.set_status(exc.status)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(exc.message)
+
+    def body_json(self) -> dict[str, Any]:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError:
+            raise RequestError(400, "the request body is not JSON") from None
+        if not isinstance(data, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        return data
+
+    def send_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+
+class Health(Base):
+    def get(self) -> None:
+        self.send_json("OK")
+
+
+class ContextList(Base):
+    def get(self) -> None:
+        self.send_json(CONTEXTS.listed())
+
+    async def post(self) -> None:
+        try:
+            body = self.body_json()
+            language = normalize_language(_optional_str(body, "language"))
+            cwd = _optional_str(body, "cwd") or DEFAULT_CWD
+            ctx = await CONTEXTS.create(language, cwd)
+        except RequestError as exc:
+            return self.fail(exc)
+        self.send_json(ctx.describe())
+
+
+class ContextOne(Base):
+    async def delete(self, ctx_id: str) -> None:
+        try:
+            await CONTEXTS.remove(ctx_id)
+        except RequestError as exc:
+            return self.fail(exc)
+        self.send_json(None)
+
+
+class ContextRestart(Base):
+    async def post(self, ctx_id: str) -> None:
+        try:
+            ctx = CONTEXTS.get(ctx_id)
+        except RequestError as exc:
+            return self.fail(exc)
+        await ctx.restart()
+        self.send_json(None)
+
+
+def _optional_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise RequestError(400, f"{name} must be a string")
+    return value
+
+
+class Execute(Base):
+    gone = False
+
+    def on_connection_close(self) -> None:
+        self.gone = True
+
+    async def emit(self, item: dict[str, Any]) -> None:
+        if self.gone:
+            return
+        self.write(json.dumps(item) + "\n")
+        try:
+            await self.flush()
+        except iostream.StreamClosedError:
+            self.gone = True
+
+    async def post(self) -> None:
+        try:
+            body = self.body_json()
+            code = body.get("code")
+            if not isinstance(code, str):
+                raise RequestError(422, "code must be a string")
+            context_id = _optional_str(body, "context_id")
+            language = _optional_str(body, "language")
+            if context_id and language:
+                raise RequestError(400, "Only one of context_id or language can be provided")
+            env_vars = body.get("env_vars") or {}
+            if not isinstance(env_vars, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+            ):
+                raise RequestError(422, "env_vars must be an object of strings")
+            if context_id:
+                ctx = CONTEXTS.get(context_id)
+            else:
+                ctx = await CONTEXTS.default_for(normalize_language(language))
+        except RequestError as exc:
+            return self.fail(exc)
+        self.set_header("Content-Type", "application/x-ndjson")
+        self.set_header("Cache-Control", "no-cache")
+        async with ctx.lock:
+            await self.run(ctx, code, env_vars)
+        await self.emit({"type": "end_of_execution"})
+        if not self.gone:
+            self.finish()
+
+    async def run(self, ctx: Context, code: str, env_vars: dict[str, str]) -> None:
+        await ctx.sync_env()
+        saved: dict[str, str | None] = {}
+        if env_vars:
+            current = {**os.environ, **ctx.env_applied}
+            saved = {k: current.get(k) for k in env_vars}
+            await ctx.run_quietly(env_code(ctx.language, dict(env_vars)))
+        msg_id = ctx.client.execute(code, store_history=True, allow_stdin=False)
+        interrupted = False
+        error_sent = False
+        while True:
+            if self.gone and not interrupted:
+                # The client hung up (seen at the latest by the next keepalive's write):
+                # stop the code, as a user pressing Ctrl-C would; the kernel stays.
+                interrupted = True
+                with contextlib.suppress(Exception):
+                    await ctx.manager.interrupt_kernel()
+            msg = await ctx.next_iopub(KEEPALIVE_S)
+            if msg is None:
+                if not ctx.manager.has_kernel or not await ctx.manager.is_alive():
+                    await self.emit(_error("KernelDied", "the kernel exited", ""))
+                    break
+                await self.emit({"type": "keepalive"})
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            content = msg["content"]
+            stamp = msg["header"].get("date")
+            timestamp = stamp.isoformat() if hasattr(stamp, "isoformat") else str(stamp or "")
+            if kind == "execute_input":
+                count = content.get("execution_count")
+                await self.emit({"type": "number_of_executions", "execution_count": count})
+            elif kind == "stream":
+                stream = "stderr" if content.get("name") == "stderr" else "stdout"
+                await self.emit({"type": stream, "text": content["text"], "timestamp": timestamp})
+            elif kind in ("execute_result", "display_data"):
+                await self.emit(result_item(content, kind == "execute_result"))
+            elif kind == "error" and not error_sent:
+                error_sent = True
+                await self.emit(
+                    _error(
+                        content.get("ename", ""),
+                        content.get("evalue", ""),
+                        "\n".join(content.get("traceback") or []),
+                    )
+                )
+            elif kind == "status" and content.get("execution_state") == "idle":
+                break
+        await ctx.reply(msg_id)
+        if saved:
+            await ctx.run_quietly(env_code(ctx.language, saved))
+
+
+def _error(name: str, value: str, traceback: str) -> dict[str, Any]:
+    return {"type": "error", "name": name, "value": value, "traceback": traceback}
+
+
+def application() -> web.Application:
+    return web.Application(
+        [
+            (r"/health", Health),
+            (r"/execute", Execute),
+            (r"/contexts", ContextList),
+            (r"/contexts/([^/]+)", ContextOne),
+            (r"/contexts/([^/]+)/restart", ContextRestart),
+        ]
+    )
+
+
+async def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # The default Python kernel answers before the port opens: whoever finds the port open
+    # (the runtime's readiness check, a warm pool's claim) finds a kernel ready.
+    await CONTEXTS.default_for("python")
+    server = httpserver.HTTPServer(application(), idle_connection_timeout=3600)
+    server.listen(PORT, address="0.0.0.0")
+    log.info("listening on %d", PORT)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
