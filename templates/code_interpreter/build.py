@@ -7,7 +7,9 @@ Its image is a layer over ``base`` (so the guest's ``/usr`` is the host's Debian
   ``requirements.txt`` from PyPI (pip's usual index settings and cache apply, so a
   wheelhouse or a mirror works offline: ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``);
 * ``server/``: the execution service (``guest/e2b_execution_server.py``), the template's
-  start command, run as ``user``; a create returns once it listens on port 49999;
+  start command, run as ``user``; a create returns once it listens on port 49999; and the
+  JavaScript/TypeScript kernel (``guest/e2b_js_kernel.mjs``) it runs on the guest's Node.js;
+* ``node/``: the TypeScript compiler that kernel loads (``package-lock.json``, npm);
 * ``ipython/``: the kernels' IPython profile (``guest/``): plain tracebacks, the extra
   result formats, the data stack loaded before the first cell;
 * ``matplotlib/``: matplotlib's font cache, built here rather than in every sandbox.
@@ -16,8 +18,9 @@ The venv is built where it lies on the host and its absolute paths (script sheba
 bytecode, the font cache) are rewritten to the guest's, so the guest sees one made in place.
 Everything is owned by ``user``, so ``pip install`` in a sandbox works without sudo.
 
-The image id carries a digest of the requirements, this file and the guest files: changing one
-builds a new image and points the template at it (sandboxes already running keep theirs).
+The image id carries a digest of the requirements, the npm lock, this file and the guest
+files: changing one builds a new image and points the template at it (sandboxes already
+running keep theirs).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ ALIAS = "code-interpreter-v1"
 HERE = Path(__file__).resolve().parent
 GUEST_FILES = HERE / "guest"
 REQUIREMENTS = HERE / "requirements.txt"
+NODE_PACKAGES = (HERE / "package.json", HERE / "package-lock.json")
 GUEST_HOME = "/opt/e2b-code-interpreter"
 GUEST_PYTHON = f"{GUEST_HOME}/venv/bin/python"
 PORT = 49999
@@ -70,6 +74,8 @@ class Built:
 
 def image_id() -> str:
     digest = hashlib.sha256(REQUIREMENTS.read_bytes() + Path(__file__).read_bytes())
+    for path in NODE_PACKAGES:
+        digest.update(path.read_bytes())
     for path in sorted(GUEST_FILES.iterdir()):
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -86,6 +92,10 @@ def build(runtime: Runtime, *, log: object = None) -> Built:
         pass
     if not Path(HOST_PYTHON).exists():
         raise BuildFailed(f"{HOST_PYTHON} is missing: install Debian's python3")
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None or not Path(node).resolve().is_relative_to("/usr"):
+        # The guest sees the host's /usr only: a node elsewhere would not be in it.
+        raise BuildFailed("node and npm under /usr are needed (Debian: apt install nodejs npm)")
     started = time.monotonic()
     info = runtime.build_image(
         ImageBuild(
@@ -152,6 +162,13 @@ def _populate(rootfs: Path) -> None:
     )
     (home / "server").mkdir()
     shutil.copy(GUEST_FILES / "e2b_execution_server.py", home / "server")
+    # The JavaScript/TypeScript kernel, on the guest's (the host's) Node.js, and the
+    # TypeScript compiler it loads, exactly as package-lock.json pins it.
+    shutil.copy(GUEST_FILES / "e2b_js_kernel.mjs", home / "server")
+    (home / "node").mkdir()
+    for path in NODE_PACKAGES:
+        shutil.copy(path, home / "node")
+    _run(["npm", "ci", "--omit=dev", "--no-audit", "--no-fund", "--prefix", str(home / "node")])
     profile = home / "ipython/profile_default"
     (profile / "startup").mkdir(parents=True)
     shutil.copy(GUEST_FILES / "ipython_kernel_config.py", profile)

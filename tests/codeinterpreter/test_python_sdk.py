@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -145,9 +146,46 @@ def test_languages_the_template_has_and_an_error_for_the_others(sbx: Sandbox) ->
     # IPython runs "!" commands on a terminal: its line ends are \r\n, as on E2B.
     assert sbx.run_code("!echo from the shell").logs.stdout == ["from the shell\r\n"]
     with pytest.raises(SandboxException, match="not available in this template"):
-        sbx.run_code("console.log(1)", language="javascript")
+        sbx.run_code('print("hi")', language="r")
     with pytest.raises(SandboxException, match="not available in this template"):
-        sbx.create_code_context(language="r")
+        sbx.create_code_context(language="java")
+
+
+def test_javascript_and_typescript_cells(sbx: Sandbox) -> None:
+    assert {c.language for c in sbx.list_code_contexts()} >= {"python", "javascript"}
+    hello = sbx.run_code("console.log('Hello'); console.error('warn')", language="js")
+    assert hello.logs.stdout == ["Hello\n"] and hello.logs.stderr == ["warn\n"]
+    # Declarations outlive their cell; the last expression is the result.
+    sbx.run_code("const base = 40\nfunction add(n) { return base + n }", language="js")
+    assert sbx.run_code("add(2)", language="js").text == "42"
+    assert sbx.run_code("const base = 1; base", language="js").text == "1"  # declared again
+    imported = sbx.run_code(
+        "import { readFileSync } from 'fs'\nimport path from 'node:path'\n"
+        "typeof readFileSync + ' ' + path.basename('/a/b.txt')",
+        language="js",
+    )
+    assert imported.text == "function b.txt"
+    waited = sbx.run_code(
+        "const late = await new Promise((r) => setTimeout(() => r('later'), 50))\nlate",
+        language="js",
+    )
+    assert waited.text == "later" and sbx.run_code("late", language="js").text == "later"
+    assert sbx.run_code("({a: [1, 2]})", language="js").text == "{ a: [ 1, 2 ] }"
+    failed = sbx.run_code("null.x", language="js")
+    assert failed.error is not None and failed.error.name == "TypeError"
+    assert "e2b_js_kernel" not in failed.error.traceback  # the cell's frames only
+    typed = sbx.run_code(
+        "interface P { name: string }\nconst p: P = { name: 'ts' }\np.name", language="ts"
+    )
+    assert typed.text == "ts"
+    assert sbx.run_code("process.cwd()", language="ts").text == "/home/user"
+    env = sbx.run_code("process.env.ONLY_NOW", language="js", envs={"ONLY_NOW": "yes"})
+    assert env.text == "yes"
+    assert sbx.run_code("process.env.ONLY_NOW ?? 'gone'", language="js").text == "gone"
+    # A timeout interrupts a JavaScript cell too; its globals stay.
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="js", timeout=1)
+    assert sbx.run_code("base + 1", language="js", timeout=30).text == "2"
 
 
 def test_env_vars_from_the_create_and_per_call(make_ci: Callable[..., Sandbox]) -> None:
@@ -228,6 +266,33 @@ def test_bad_requests_to_the_execution_service_get_clear_errors(
         assert client.post("/contexts/nope/restart").status_code == 404
         assert client.get("/health").json() == "OK"
     assert sbx.run_code("'still here'").text == "still here"
+
+
+def test_the_service_is_reached_by_host_name_too(sbx: Sandbox, ci_env: LiveServer) -> None:
+    """Host mode, as a front proxy for ``*.<SANDBOX_DOMAIN>`` forwards it:
+    ``49999-<id>.<domain>`` instead of the E2b-Sandbox-* headers."""
+    host = {"Host": f"49999-{sbx.sandbox_id}.localhost"}
+    with httpx.Client(base_url=ci_env.sandbox_url, headers=host, timeout=30) as client:
+        assert client.get("/health").json() == "OK"
+        lines = client.post(
+            "/execute",
+            json={"code": "6 * 7"},
+            headers={"X-Access-Token": sbx._envd_access_token or ""},
+        ).text.splitlines()
+    assert '"text": "42"' in lines[1] and lines[-1] == '{"type": "end_of_execution"}'
+
+
+def test_a_kill_during_run_code_is_an_error_not_an_empty_result(
+    make_ci: Callable[..., Sandbox],
+) -> None:
+    sbx = make_ci()
+    killer = threading.Timer(1.5, sbx.kill)
+    killer.start()
+    try:
+        with pytest.raises(TimeoutException, match="sandbox was killed"):
+            sbx.run_code("import time; time.sleep(120)", timeout=120)
+    finally:
+        killer.cancel()
 
 
 def test_the_async_sdk(ci_env: LiveServer) -> None:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
 import queue
 import shlex
+import signal
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -55,12 +57,20 @@ LANGUAGE_ALIASES = {
     "bash": "bash",
     "sh": "bash",
     "shell": "bash",
+    "javascript": "javascript",
+    "js": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
 }
 # The kernelspec of each language this template has (see its build).
 KERNELS = {"python": "python3", "bash": "bash"}
+# JavaScript and TypeScript: e2b_js_kernel.mjs, beside this file, on the guest's Node.js.
+NODE = os.environ.get("E2B_NODE", "node")
+JS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2b_js_kernel.mjs")
 # Languages E2B's own template serves that this one does not: asked for by name, they get
 # an explicit error instead of a Python kernel.
-UNSUPPORTED = {"javascript", "js", "typescript", "ts", "r", "java", "deno"}
+UNSUPPORTED = {"r", "java", "deno"}
+AVAILABLE = "python, javascript, typescript and bash are"
 MIME_KEYS = {
     "text/plain": "text",
     "text/html": "html",
@@ -90,9 +100,9 @@ def normalize_language(language: str | None) -> str:
         return LANGUAGE_ALIASES[name]
     if name in UNSUPPORTED:
         raise RequestError(
-            400, f"language {language!r} is not available in this template (python and bash are)"
+            400, f"language {language!r} is not available in this template ({AVAILABLE})"
         )
-    raise RequestError(400, f"unknown language {language!r} (python and bash are available)")
+    raise RequestError(400, f"unknown language {language!r} ({AVAILABLE} available)")
 
 
 def read_env_file() -> dict[str, str]:
@@ -142,26 +152,75 @@ def result_item(content: dict[str, Any], main: bool) -> dict[str, Any]:
     return item
 
 
+class Output:
+    """Where an execution's items go (the /execute response); ``gone`` once its client
+    hung up."""
+
+    gone: bool
+
+    async def emit(self, item: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
 @dataclass
 class Context:
+    """A context: one kernel, one execution at a time (``lock``)."""
+
     id: str
     language: str
     cwd: str
-    manager: AsyncKernelManager
-    client: Any = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     env_applied: dict[str, str] = field(default_factory=dict)
     env_started: dict[str, str] = field(default_factory=dict)
-    pending: asyncio.Future[Any] | None = None
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
-    async def start(self) -> None:
-        env = {**os.environ, **read_env_file()}
-        env.pop("E2B_EXECUTION_PORT", None)
+    def kernel_env(self) -> dict[str, str]:
         self.env_applied = self.env_started = read_env_file()
-        await self.manager.start_kernel(cwd=self.cwd, env=env)
+        env = {**os.environ, **self.env_applied}
+        env.pop("E2B_EXECUTION_PORT", None)
+        return env
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def restart(self) -> None:
+        raise NotImplementedError
+
+    async def set_env(self, values: dict[str, str | None]) -> None:
+        raise NotImplementedError
+
+    async def execute(self, code: str, out: Output) -> None:
+        raise NotImplementedError
+
+    async def sync_env(self) -> None:
+        """Give the kernel the sandbox's env vars where they changed since it started (a
+        warm pool sandbox's claim writes them to E2B_ENV_FILE)."""
+        wanted = read_env_file()
+        if wanted == self.env_applied or not ENV_FILE:
+            return
+        change: dict[str, str | None] = {k: v for k, v in wanted.items()}
+        for gone in set(self.env_applied) - set(wanted):
+            change[gone] = os.environ.get(gone)
+        await self.set_env(change)
+        self.env_applied = wanted
+
+
+@dataclass
+class JupyterContext(Context):
+    """A Jupyter kernel (Python, bash), through jupyter_client."""
+
+    manager: Any = None
+    client: Any = None
+    pending: asyncio.Future[Any] | None = None
+
+    async def start(self) -> None:
+        self.manager = AsyncKernelManager(kernel_name=KERNELS[self.language])
+        await self.manager.start_kernel(cwd=self.cwd, env=self.kernel_env())
         self.client = self.manager.client()
         self.client.start_channels()
         await self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
@@ -203,20 +262,169 @@ class Context:
             if msg.get("parent_header", {}).get("msg_id") == msg_id:
                 return
 
-    async def run_quietly(self, code: str) -> None:
+    async def set_env(self, values: dict[str, str | None]) -> None:
         """Run set-up code: no output, no execution count, nothing in the history."""
-        msg_id = self.client.execute(code, silent=True, store_history=False)
+        msg_id = self.client.execute(env_code(self.language, values), silent=True)
         await self.reply(msg_id)
 
-    async def sync_env(self) -> None:
-        wanted = read_env_file()
-        if wanted == self.env_applied or not ENV_FILE:
-            return
-        change: dict[str, str | None] = {k: v for k, v in wanted.items()}
-        for gone in set(self.env_applied) - set(wanted):
-            change[gone] = os.environ.get(gone)
-        await self.run_quietly(env_code(self.language, change))
-        self.env_applied = wanted
+    async def execute(self, code: str, out: Output) -> None:
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
+        interrupted = False
+        error_sent = False
+        while True:
+            if out.gone and not interrupted:
+                # The client hung up (seen at the latest by the next keepalive's write):
+                # stop the code, as a user pressing Ctrl-C would; the kernel stays.
+                interrupted = True
+                with contextlib.suppress(Exception):
+                    await self.manager.interrupt_kernel()
+            msg = await self.next_iopub(KEEPALIVE_S)
+            if msg is None:
+                if not self.manager.has_kernel or not await self.manager.is_alive():
+                    await out.emit(_error("KernelDied", "the kernel exited", ""))
+                    break
+                await out.emit({"type": "keepalive"})
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["msg_type"]
+            content = msg["content"]
+            stamp = msg["header"].get("date")
+            timestamp = stamp.isoformat() if hasattr(stamp, "isoformat") else str(stamp or "")
+            if kind == "execute_input":
+                count = content.get("execution_count")
+                await out.emit({"type": "number_of_executions", "execution_count": count})
+            elif kind == "stream":
+                stream = "stderr" if content.get("name") == "stderr" else "stdout"
+                await out.emit({"type": stream, "text": content["text"], "timestamp": timestamp})
+            elif kind in ("execute_result", "display_data"):
+                await out.emit(result_item(content, kind == "execute_result"))
+            elif kind == "error" and not error_sent:
+                error_sent = True
+                await out.emit(
+                    _error(
+                        content.get("ename", ""),
+                        content.get("evalue", ""),
+                        "\n".join(content.get("traceback") or []),
+                    )
+                )
+            elif kind == "status" and content.get("execution_state") == "idle":
+                break
+        await self.reply(msg_id)
+
+
+@dataclass
+class NodeContext(Context):
+    """JavaScript or TypeScript: a Node.js process running e2b_js_kernel.mjs (see there),
+    requests on its stdin, events on a pipe of their own."""
+
+    process: asyncio.subprocess.Process | None = None
+    events: asyncio.StreamReader | None = None
+    pending: asyncio.Future[bytes] | None = None
+    count: int = 0
+    next_id: int = 0
+
+    async def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        env = {**self.kernel_env(), "E2B_EVENTS_FD": str(write_fd)}
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                NODE,
+                JS_KERNEL,
+                cwd=self.cwd,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        loop = asyncio.get_running_loop()
+        self.events = asyncio.StreamReader(limit=1 << 26, loop=loop)
+        pipe = os.fdopen(read_fd, "rb", buffering=0)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.events), pipe)
+        self.count = 0
+        await asyncio.wait_for(self.set_env({}), KERNEL_START_TIMEOUT_S)
+
+    async def stop(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+
+    async def restart(self) -> None:
+        async with self.lock:
+            await self.stop()
+            await self.start()
+
+    async def next_event(self, timeout: float) -> dict[str, Any] | None:
+        """The kernel's next event; None after ``timeout`` s (the read stays pending);
+        a "died" event once the process is gone."""
+        assert self.events is not None
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self.events.readline())
+        done, _ = await asyncio.wait({self.pending}, timeout=timeout)
+        if not done:
+            return None
+        fut, self.pending = self.pending, None
+        line = fut.result()
+        if not line:
+            return {"type": "died"}
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    async def request(self, body: dict[str, Any]) -> int:
+        assert self.process is not None and self.process.stdin is not None
+        self.next_id += 1
+        self.process.stdin.write(json.dumps({"id": self.next_id, **body}).encode() + b"\n")
+        await self.process.stdin.drain()
+        return self.next_id
+
+    async def set_env(self, values: dict[str, str | None]) -> None:
+        wanted = await self.request({"env": values})
+        while True:
+            event = await self.next_event(KERNEL_START_TIMEOUT_S)
+            if event is None or event["type"] == "died":
+                raise RuntimeError("the JavaScript kernel did not answer")
+            if event.get("id") == wanted and event["type"] == "done":
+                return
+
+    async def execute(self, code: str, out: Output) -> None:
+        wanted = await self.request({"code": code, "language": self.language})
+        self.count += 1
+        await out.emit({"type": "number_of_executions", "execution_count": self.count})
+        interrupted = False
+        error_sent = False
+        while True:
+            if out.gone and not interrupted and self.process is not None:
+                interrupted = True
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGINT)
+            event = await self.next_event(KEEPALIVE_S)
+            if event is None:
+                await out.emit({"type": "keepalive"})
+                continue
+            kind = event["type"]
+            if kind == "died":
+                await out.emit(_error("KernelDied", "the kernel exited", ""))
+                return
+            if event.get("id") != wanted:
+                continue
+            if kind in ("stdout", "stderr"):
+                stamp = datetime.datetime.now(datetime.UTC).isoformat()
+                await out.emit({"type": kind, "text": event["text"], "timestamp": stamp})
+            elif kind == "result":
+                data = {"text/plain": event["text"]}
+                await out.emit(result_item({"data": data}, True))
+            elif kind == "error" and not error_sent:
+                error_sent = True
+                await out.emit(_error(event["name"], event["value"], event["traceback"]))
+            elif kind == "done":
+                return
 
 
 class Contexts:
@@ -229,8 +437,8 @@ class Contexts:
             raise RequestError(400, f"cwd {cwd!r} is not a directory in the sandbox")
         if not os.access(cwd, os.X_OK):
             raise RequestError(400, f"cwd {cwd!r} is not open to the user the kernels run as")
-        manager = AsyncKernelManager(kernel_name=KERNELS[language])
-        ctx = Context(id=str(uuid.uuid4()), language=language, cwd=cwd, manager=manager)
+        kind = NodeContext if language in ("javascript", "typescript") else JupyterContext
+        ctx: Context = kind(id=str(uuid.uuid4()), language=language, cwd=cwd)
         try:
             await ctx.start()
         except Exception:
@@ -347,7 +555,7 @@ def _optional_str(body: dict[str, Any], name: str) -> str | None:
     return value
 
 
-class Execute(Base):
+class Execute(Base, Output):
     gone = False
 
     def on_connection_close(self) -> None:
@@ -397,52 +605,10 @@ class Execute(Base):
         if env_vars:
             current = {**os.environ, **ctx.env_applied}
             saved = {k: current.get(k) for k in env_vars}
-            await ctx.run_quietly(env_code(ctx.language, dict(env_vars)))
-        msg_id = ctx.client.execute(code, store_history=True, allow_stdin=False)
-        interrupted = False
-        error_sent = False
-        while True:
-            if self.gone and not interrupted:
-                # The client hung up (seen at the latest by the next keepalive's write):
-                # stop the code, as a user pressing Ctrl-C would; the kernel stays.
-                interrupted = True
-                with contextlib.suppress(Exception):
-                    await ctx.manager.interrupt_kernel()
-            msg = await ctx.next_iopub(KEEPALIVE_S)
-            if msg is None:
-                if not ctx.manager.has_kernel or not await ctx.manager.is_alive():
-                    await self.emit(_error("KernelDied", "the kernel exited", ""))
-                    break
-                await self.emit({"type": "keepalive"})
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind = msg["msg_type"]
-            content = msg["content"]
-            stamp = msg["header"].get("date")
-            timestamp = stamp.isoformat() if hasattr(stamp, "isoformat") else str(stamp or "")
-            if kind == "execute_input":
-                count = content.get("execution_count")
-                await self.emit({"type": "number_of_executions", "execution_count": count})
-            elif kind == "stream":
-                stream = "stderr" if content.get("name") == "stderr" else "stdout"
-                await self.emit({"type": stream, "text": content["text"], "timestamp": timestamp})
-            elif kind in ("execute_result", "display_data"):
-                await self.emit(result_item(content, kind == "execute_result"))
-            elif kind == "error" and not error_sent:
-                error_sent = True
-                await self.emit(
-                    _error(
-                        content.get("ename", ""),
-                        content.get("evalue", ""),
-                        "\n".join(content.get("traceback") or []),
-                    )
-                )
-            elif kind == "status" and content.get("execution_state") == "idle":
-                break
-        await ctx.reply(msg_id)
+            await ctx.set_env(dict(env_vars))
+        await ctx.execute(code, self)
         if saved:
-            await ctx.run_quietly(env_code(ctx.language, saved))
+            await ctx.set_env(saved)
 
 
 def _error(name: str, value: str, traceback: str) -> dict[str, Any]:
@@ -465,7 +631,7 @@ async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # The default Python kernel answers before the port opens: whoever finds the port open
     # (the runtime's readiness check, a warm pool's claim) finds a kernel ready.
-    await CONTEXTS.default_for("python")
+    await asyncio.gather(CONTEXTS.default_for("python"), CONTEXTS.default_for("javascript"))
     server = httpserver.HTTPServer(application(), idle_connection_timeout=3600)
     server.listen(PORT, address="0.0.0.0")
     log.info("listening on %d", PORT)

@@ -48,6 +48,11 @@ try {
   const bash = await sbx.runCode('echo $((6 * 7))', { language: 'bash' })
   assert.deepEqual(bash.logs.stdout, ['42\n'])
 
+  // JavaScript and TypeScript cells.
+  await sbx.runCode('const n = 20', { language: 'js' })
+  assert.equal((await sbx.runCode('n * 2 + 2', { language: 'js' })).text, '42')
+  assert.equal((await sbx.runCode("const s: string = 'typed'; s", { language: 'ts' })).text, 'typed')
+
   // A timeout interrupts the kernel; the next call runs at once, in the same kernel.
   await assert.rejects(sbx.runCode('import time\nwhile True: time.sleep(0.1)', { timeoutMs: 1000 }))
   assert.equal((await sbx.runCode('x')).text, '40')
