@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from e2b_code_interpreter import Sandbox  # noqa: E402
 
-from tests.support.live_server import Deployment, suite_database_url  # noqa: E402
+from tests.support.live_server import Deployment  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -68,7 +68,8 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=20, help="creates of each kind")
     parser.add_argument("--sqlite", action="store_true")
     args = parser.parse_args()
-    with Deployment(postgres=not args.sqlite, teams=1, suite_url=suite_database_url()) as dep:
+    suite = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
+    with Deployment(postgres=not args.sqlite, teams=1, suite_url=suite) as dep:
         started = time.monotonic()
         built = dep.manage("build_code_interpreter", timeout=1800).strip()
         build_s = time.monotonic() - started
