@@ -8,6 +8,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
+from e2bfacade.auth import forget_api_keys
 from e2bfacade.models import ApiKey, Team, api_key_create
 
 
@@ -63,4 +64,5 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     @admin.action(description="Revoke selected API keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        forget_api_keys()  # at once here; other processes within API_KEY_CACHE_SECONDS
         self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)

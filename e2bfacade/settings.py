@@ -203,6 +203,9 @@ SPECTACULAR_SETTINGS = {
 # Per-team request rate: API_RATE_LIMIT requests per API_RATE_WINDOW_SECONDS (0: no limit).
 API_RATE_LIMIT = _int("API_RATE_LIMIT", 6000, 0, None, "0 (off) or positive")
 API_RATE_WINDOW_SECONDS = _positive_int("API_RATE_WINDOW_SECONDS", 60)
+# How long a process trusts an API key it has resolved before it asks the database again
+# (0: every request asks). A revoked key stops working within this many seconds.
+API_KEY_CACHE_SECONDS = _int("API_KEY_CACHE_SECONDS", 5, 0, 3600, "between 0 and 3600")
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")
