@@ -188,6 +188,22 @@ def test_javascript_and_typescript_cells(sbx: Sandbox) -> None:
     assert sbx.run_code("base + 1", language="js", timeout=30).text == "2"
 
 
+def test_a_kernel_that_exits_is_started_again(sbx: Sandbox) -> None:
+    """As Jupyter's server does: the execution that ended it says so, the next one runs in
+    a fresh kernel of the same context."""
+    for language, code, state in [
+        ("python", "import os; os._exit(3)", "kept = 1"),
+        ("javascript", "process.exit(3)", "const kept = 1"),
+    ]:
+        sbx.run_code(state, language=language)
+        died = sbx.run_code(code, language=language, timeout=60)
+        assert died.error is not None and died.error.name == "KernelDied"
+        again = sbx.run_code(
+            "typeof kept" if language == "javascript" else "1 + 1", language=language
+        )
+        assert again.text == ("undefined" if language == "javascript" else "2")
+
+
 def test_env_vars_from_the_create_and_per_call(make_ci: Callable[..., Sandbox]) -> None:
     sbx = make_ci(envs={"FROM_CREATE": "c", "SHARED": "create"})
     code = "import os; (os.environ.get('FROM_CREATE'), os.environ.get('SHARED'), "

@@ -189,7 +189,22 @@ class Context:
         raise NotImplementedError
 
     async def restart(self) -> None:
+        async with self.lock:
+            await self.restart_locked()
+
+    async def restart_locked(self) -> None:
         raise NotImplementedError
+
+    async def alive(self) -> bool:
+        raise NotImplementedError
+
+    async def revive(self) -> bool:
+        """Start the kernel again if it died (``exit()`` in a cell, killed, out of memory),
+        as Jupyter's server does; True when it had to. Caller holds the lock."""
+        if await self.alive():
+            return False
+        await self.restart_locked()
+        return True
 
     async def set_env(self, values: dict[str, str | None]) -> None:
         raise NotImplementedError
@@ -231,15 +246,17 @@ class JupyterContext(Context):
         with contextlib.suppress(Exception):
             await self.manager.shutdown_kernel(now=True)
 
-    async def restart(self) -> None:
-        async with self.lock:
-            if self.pending is not None:
-                self.pending.cancel()
-                self.pending = None
-            # A new kernel process on the same ports, with the environment it started with.
-            await self.manager.restart_kernel(now=True)
-            self.env_applied = self.env_started
-            await self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+    async def restart_locked(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+        # A new kernel process on the same ports, with the environment it started with.
+        await self.manager.restart_kernel(now=True)
+        self.env_applied = self.env_started
+        await self.client.wait_for_ready(timeout=KERNEL_START_TIMEOUT_S)
+
+    async def alive(self) -> bool:
+        return bool(self.manager.has_kernel and await self.manager.is_alive())
 
     async def next_iopub(self, timeout: float) -> dict[str, Any] | None:
         """The kernel's next broadcast message, or None after ``timeout`` seconds (the
@@ -280,9 +297,9 @@ class JupyterContext(Context):
                     await self.manager.interrupt_kernel()
             msg = await self.next_iopub(KEEPALIVE_S)
             if msg is None:
-                if not self.manager.has_kernel or not await self.manager.is_alive():
+                if not await self.alive():
                     await out.emit(_error("KernelDied", "the kernel exited", ""))
-                    break
+                    return  # no reply will come
                 await out.emit({"type": "keepalive"})
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -357,10 +374,12 @@ class NodeContext(Context):
                 self.process.kill()
             await self.process.wait()
 
-    async def restart(self) -> None:
-        async with self.lock:
-            await self.stop()
-            await self.start()
+    async def restart_locked(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
     async def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The kernel's next event; None after ``timeout`` s (the read stays pending);
@@ -431,6 +450,7 @@ class Contexts:
     def __init__(self) -> None:
         self.by_id: dict[str, Context] = {}
         self.defaults: dict[str, str] = {}  # language -> id of its default context
+        self.making: dict[str, asyncio.Lock] = {}  # one default context per language
 
     async def create(self, language: str, cwd: str, *, default: bool = False) -> Context:
         if not os.path.isdir(cwd):
@@ -441,19 +461,21 @@ class Contexts:
         ctx: Context = kind(id=str(uuid.uuid4()), language=language, cwd=cwd)
         try:
             await ctx.start()
-        except Exception:
+        except Exception as exc:
             await ctx.stop()
-            raise
+            log.exception("a %s kernel did not start", language)
+            raise RequestError(500, f"Failed to create context: {exc}") from exc
         self.by_id[ctx.id] = ctx
         if default:
             self.defaults[language] = ctx.id
         return ctx
 
     async def default_for(self, language: str) -> Context:
-        ctx_id = self.defaults.get(language)
-        if ctx_id is not None and ctx_id in self.by_id:
-            return self.by_id[ctx_id]
-        return await self.create(language, DEFAULT_CWD, default=True)
+        async with self.making.setdefault(language, asyncio.Lock()):
+            ctx_id = self.defaults.get(language)
+            if ctx_id is not None and ctx_id in self.by_id:
+                return self.by_id[ctx_id]
+            return await self.create(language, DEFAULT_CWD, default=True)
 
     def get(self, ctx_id: str) -> Context:
         if ctx_id == "default":
@@ -544,7 +566,11 @@ class ContextRestart(Base):
             ctx = CONTEXTS.get(ctx_id)
         except RequestError as exc:
             return self.fail(exc)
-        await ctx.restart()
+        try:
+            await ctx.restart()
+        except Exception as exc:
+            log.exception("context %s did not restart", ctx_id)
+            return self.fail(RequestError(500, f"Failed to restart context {ctx_id}: {exc}"))
         self.send_json(None)
 
 
@@ -600,6 +626,7 @@ class Execute(Base, Output):
             self.finish()
 
     async def run(self, ctx: Context, code: str, env_vars: dict[str, str]) -> None:
+        await ctx.revive()
         await ctx.sync_env()
         saved: dict[str, str | None] = {}
         if env_vars:
