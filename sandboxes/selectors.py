@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from django.db.models import Q, QuerySet, TextField
@@ -89,12 +90,8 @@ def parse_list_query(params: dict[str, str], *, paged: bool = True) -> ListQuery
     )
 
 
-def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str | None]:
-    """One page of the team's sandboxes and the token of the next page (None when last).
-
-    Keyset paging on (startedAt, sandboxID): stable while sandboxes come and go. Tokens are
-    signed, so a forged or altered token is a 400, never a peek at other rows.
-    """
+def _filtered(team_id: int, query: ListQuery) -> QuerySet[Sandbox]:
+    """The team's sandboxes that ``query`` selects, before paging and order."""
     qs: QuerySet[Sandbox] = Sandbox.objects.of_team(team_id).filter(
         state__in=[s for wire in query.states for s in WIRE_TO_STATES[wire]]
     )
@@ -106,6 +103,30 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
         qs = qs.filter(started_at__gte=query.started_after)  # "at or after", as E2B says
     if query.template:
         qs = qs.filter(Q(template_id=query.template) | Q(template__alias=query.template))
+    return qs
+
+
+def _ordering(query: ListQuery) -> list[str]:
+    if query.order == "desc":
+        return ["-started_at", "-sandbox_id"]
+    return ["started_at", "sandbox_id"]
+
+
+def sandbox_list_all(
+    *, team_id: int, query: ListQuery, columns: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The ``columns`` of every sandbox ``query`` selects, in the list's order, in one query
+    (the v1 list, which has no paging)."""
+    return list(_filtered(team_id, query).order_by(*_ordering(query)).values(*columns))
+
+
+def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str | None]:
+    """One page of the team's sandboxes and the token of the next page (None when last).
+
+    Keyset paging on (startedAt, sandboxID): stable while sandboxes come and go. Tokens are
+    signed, so a forged or altered token is a 400, never a peek at other rows.
+    """
+    qs = _filtered(team_id, query)
     desc = query.order == "desc"
     filters = [query.states, query.metadata, query.order, query.started_after, query.template]
     if query.next_token:
@@ -118,8 +139,7 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
             qs = qs.filter(
                 Q(started_at__gt=started_at) | Q(started_at=started_at, sandbox_id__gt=last_id)
             )
-    ordering = ["-started_at", "-sandbox_id"] if desc else ["started_at", "sandbox_id"]
-    rows = list(qs.select_related("template").order_by(*ordering)[: query.limit + 1])
+    rows = list(qs.order_by(*_ordering(query))[: query.limit + 1])
     next_token = None
     if len(rows) > query.limit:
         rows = rows[: query.limit]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -350,6 +352,58 @@ class ListedSandboxSerializer(serializers.Serializer[Sandbox]):
 
     def get_clientID(self, obj: Sandbox) -> str:
         return CLIENT_ID
+
+
+# The columns a listed sandbox is rendered from (``.values(*LISTED_COLUMNS)``).
+LISTED_COLUMNS = (
+    "template_id",
+    "sandbox_id",
+    "alias",
+    "started_at",
+    "end_at",
+    "cpu_count",
+    "memory_mb",
+    "disk_size_mb",
+    "state",
+    "envd_version",
+    "metadata",
+)
+_WIRE_STATE = {str(state): wire for state, wire in Sandbox.WIRE_STATE.items()}
+
+
+def listed_values(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What ``ListedSandboxSerializer(rows, many=True).data`` holds, made from plain column
+    values without a field object per value (nor a model instance per row): the lists
+    render thousands of rows (the v1 list, every running sandbox at once).
+    ``tests/api/test_list_rendering.py`` holds the two equal."""
+    return [
+        {
+            "templateID": row["template_id"],
+            "sandboxID": row["sandbox_id"],
+            "clientID": CLIENT_ID,
+            "alias": row["alias"],
+            "startedAt": _drf_datetime(row["started_at"]),
+            "endAt": _drf_datetime(row["end_at"]),
+            "cpuCount": row["cpu_count"],
+            "memoryMB": row["memory_mb"],
+            "diskSizeMB": row["disk_size_mb"],
+            "state": _WIRE_STATE[row["state"]],
+            "envdVersion": row["envd_version"],
+            "metadata": {str(k): str(v) for k, v in (row["metadata"] or {}).items()},
+        }
+        for row in rows
+    ]
+
+
+def listed_rows(rows: Iterable[Sandbox]) -> list[dict[str, Any]]:
+    """:func:`listed_values` of model instances (a page of the v2 list)."""
+    return listed_values({name: getattr(row, name) for name in LISTED_COLUMNS} for row in rows)
+
+
+def _drf_datetime(value: datetime) -> str:
+    """As DRF's DateTimeField renders it with ISO 8601 output in UTC ("Z" for +00:00)."""
+    text = value.astimezone(UTC).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class LifecycleSerializer(serializers.Serializer[Sandbox]):

@@ -17,6 +17,7 @@ from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
 from sandboxes.admission import host_capacity
 from sandboxes.serializers import (
+    LISTED_COLUMNS,
     ConnectSerializer,
     ListedSandboxSerializer,
     MetricSerializer,
@@ -31,6 +32,8 @@ from sandboxes.serializers import (
     SandboxSerializer,
     TimeoutBodySerializer,
     allow_internet,
+    listed_rows,
+    listed_values,
 )
 
 
@@ -84,7 +87,7 @@ class SandboxViewSet(viewsets.ViewSet):
         query = selectors.parse_list_query(request.query_params.dict())
         rows, next_token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
         headers = {"X-Next-Token": next_token} if next_token else {}
-        return Response(ListedSandboxSerializer(rows, many=True).data, headers=headers)  # type: ignore[arg-type]  # stubs don't model many=True
+        return Response(listed_rows(rows), headers=headers)
 
     @extend_schema(
         operation_id="listSandboxes",
@@ -96,14 +99,11 @@ class SandboxViewSet(viewsets.ViewSet):
         query = selectors.parse_list_query(
             {"metadata": params.get("metadata", ""), "state": "running"}, paged=False
         )
-        rows: list[Any] = []
-        while True:  # v1 has no paging: walk every page
-            page, token = selectors.sandbox_list(team_id=team_of(request).pk, query=query)
-            rows += page
-            if token is None:
-                break
-            query = selectors.ListQuery(**{**query.__dict__, "next_token": token})
-        return Response(ListedSandboxSerializer(rows, many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
+        # v1 has no paging: every live sandbox, in one query.
+        rows = selectors.sandbox_list_all(
+            team_id=team_of(request).pk, query=query, columns=LISTED_COLUMNS
+        )
+        return Response(listed_values(rows))
 
     @extend_schema(
         operation_id="getSandbox", responses={200: SandboxDetailSerializer, **errors(404)}
