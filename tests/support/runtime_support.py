@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from e2bfacade import sandbox_runtime
 from e2bfacade.runtime.base import ImageInUse, RuntimeUnavailable
 from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime
 from e2bfacade.sandbox_runtime import get_runtime
@@ -60,6 +61,14 @@ def session_sandbox_root(prefix: str) -> Iterator[Path]:
     afterwards its sandboxes, its sandboxd, its cgroup parents and its files are gone."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     yield root
+    # The runtime the tests used (get_runtime's, cached in this process) may still be
+    # refilling in the background: one pool size after another, each under the pool's lock,
+    # so a discard by another runtime object could land between two sizes and the next one
+    # be made after it. Stop that one first: its discard waits for its own refill to end.
+    for cached in list(sandbox_runtime._runtimes.values()):
+        inner = getattr(cached, "_inner", cached)  # under FaultyRuntime when failpoints are on
+        if isinstance(inner, LocalRuntime) and inner.root == root:
+            inner.discard_spares()
     try:
         rt = LocalRuntime(root)
     except RuntimeUnavailable:
