@@ -29,17 +29,12 @@ sys.path.insert(0, str(REPO))
 
 from e2b_code_interpreter import Sandbox  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
-
-
 def line(name: str, ms: list[float], target: str = "") -> None:
-    print(f"{name:<48}{statistics.median(ms):>9.1f}{pct(ms, 99):>9.1f}   {target}")
+    print(f"{name:<48}{statistics.median(ms):>9.1f}{percentile(ms, 99):>9.1f}   {target}")
 
 
 def point_at(url: str, sandbox_url: str, key: str) -> None:

@@ -28,15 +28,10 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 REQUESTS = ("GET /v2/sandboxes?limit=1", "replay of a keyed create")
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def main() -> None:
@@ -81,9 +76,8 @@ def main() -> None:
         next(iter(clients.values())).delete(f"/sandboxes/{first.json()['sandboxID']}")
         print(f"{'request':<28}{'API key':<22}{'rate-limit table':<18}{'p50 ms':>8}{'p99 ms':>8}")
         for (what, name, table), ms in results.items():
-            print(
-                f"{what:<28}{name:<22}{table:<18}{statistics.median(ms):>8.2f}{pct(ms, 99):>8.2f}"
-            )
+            p50, p99 = statistics.median(ms), percentile(ms, 99)
+            print(f"{what:<28}{name:<22}{table:<18}{p50:>8.2f}{p99:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 INDEX = (
@@ -49,12 +50,6 @@ SELECT 'bench' || g, '',
     %s::bigint, 'base', '{}', ''
 FROM generate_series(%s::int, %s::int) g
 """
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def main() -> None:
@@ -90,7 +85,9 @@ def main() -> None:
                     timings[kind].append((time.perf_counter() - t) * 1000)
                     assert answer.status_code == 200 and len(answer.json()) == 100, answer.text
             for kind, ms in timings.items():
-                print(f"{count:<16}{kind:<10}{statistics.median(ms):>8.2f}{pct(ms, 99):>8.2f}")
+                print(
+                    f"{count:<16}{kind:<10}{statistics.median(ms):>8.2f}{percentile(ms, 99):>8.2f}"
+                )
             with dep.db() as conn:
                 conn.execute(INDEX)
                 (running,) = conn.execute(RUNNING, (team.team_id,)).fetchone()
@@ -101,7 +98,7 @@ def main() -> None:
                 v1.append((time.perf_counter() - t) * 1000)
                 assert answer.status_code == 200 and len(answer.json()) == running
             print(f"{'':<16}{'v1 list (all ' + str(running) + ' running)':<34}", end="")
-            print(f"{statistics.median(v1):>8.2f}{pct(v1, 99):>8.2f}")
+            print(f"{statistics.median(v1):>8.2f}{percentile(v1, 99):>8.2f}")
         with dep.db() as conn:
             conn.execute(INDEX)
 

@@ -25,8 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime_bench import percentile  # noqa: E402 (this directory is on sys.path)
-
+from bench.stats import percentile  # noqa: E402
 from e2bfacade.runtime.base import (  # noqa: E402
     BUILTIN_IMAGE,
     NetworkPolicy,

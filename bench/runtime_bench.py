@@ -18,7 +18,6 @@ MemAvailable figures).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import percentile  # noqa: E402
 from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
 from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
 from e2bfacade.runtime.local.cgroups import CgroupsV1  # noqa: E402
@@ -40,12 +40,6 @@ OPS = ("create", "pause", "resume", "snapshot", "kill")
 TARGETS_MS = {"create": 10.0, "pause": 0.72, "resume": 0.34, "kill": 6.6}
 IDLE_TARGET_MB = 1.0
 COLD_GAP_S = 0.15
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: with 100 samples, p99 is the second largest."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def meminfo() -> dict[str, int]:
