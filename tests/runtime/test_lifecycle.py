@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -236,3 +238,18 @@ def test_exec_passes_stdin_output_and_exit_status_through(
     assert run(runtime, sandbox_id, ["sh", "-c", "kill -9 $$"]).exit_code == 137
     assert run(runtime, sandbox_id, ["no-such-program"]).exit_code == 127
     assert ok(runtime, sandbox_id, "pwd", cwd="/home/user").strip() == "/home/user"
+
+
+def test_a_host_that_hangs_up_before_its_answer_does_not_jam_the_agent(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    # The agent's answer to a request whose host already hung up fails to write (EPIPE) and
+    # frees the connection's slot. That slot must come back clean: once, it kept the
+    # "answered" mark, and the next connection accepted into it was never answered.
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    path = runtime.layout.sandbox_dir(sandbox_id) / "agent.sock"
+    for _ in range(20):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hasty:
+            hasty.connect(str(path))
+            hasty.sendall(struct.pack(">I", 1) + b"L")  # list: answered at once
+        assert ok(runtime, sandbox_id, "echo answered") == "answered\n"

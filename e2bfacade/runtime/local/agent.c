@@ -255,6 +255,15 @@ static void send_frame(int i, char type, const char *a, size_t alen, const char 
     conn_flush(i);
 }
 
+/* The answer is complete: close once it is written. The write just made may have found the
+ * host gone and freed the slot already; a freed slot must stay clean, or the connection
+ * accepted into it next would be taken for one whose request was answered, and ignored. */
+static void conn_finish(int i) {
+    if (conns[i].fd <= 0) return;
+    conns[i].closing = 1;
+    conn_flush(i);
+}
+
 static void send_u32(int i, char type, uint32_t v) {
     char b[4];
     put_u32(b, v);
@@ -265,14 +274,12 @@ static void send_error(int i, int err, const char *msg) {
     char b[4];
     put_u32(b, (uint32_t)err);
     send_frame(i, 'E', b, 4, msg, strlen(msg));
-    conns[i].closing = 1;
-    conn_flush(i);
+    conn_finish(i);
 }
 
 static void send_ack(int i) {
     send_frame(i, 'A', NULL, 0, NULL, 0);
-    conns[i].closing = 1;
-    conn_flush(i);
+    conn_finish(i);
 }
 
 /* ------------------------------------------------------------------------ processes */
@@ -364,8 +371,7 @@ static void finish(int p) {
         if (conns[i].fd <= 0 || conns[i].follows != p) continue;
         conns[i].follows = -1;
         send_frame(i, 'X', b, 4, NULL, 0);
-        conns[i].closing = 1;
-        conn_flush(i);
+        conn_finish(i);
     }
     if (!pr->pty) close_fd(&pr->in);
     queue_free(&pr->stdin_q);
@@ -774,10 +780,7 @@ static void handle_request(int i, char type, const char *payload, size_t len) {
         int w = watcher_new(i, payload, len, type == 'W' ? i : -1);
         if (w < 0) return;
         send_u32(i, 'w', (uint32_t)watchers[w].id);
-        if (type == 'N') {
-            conns[i].closing = 1;
-            conn_flush(i);
-        }
+        if (type == 'N') conn_finish(i);
         return;
     }
     if ((type == 'G' || type == 'Q') && len >= 4) {
@@ -792,6 +795,7 @@ static void handle_request(int i, char type, const char *payload, size_t len) {
             struct watcher *wt = &watchers[w];
             char flags = (char)wt->flags;
             send_frame(i, 'r', &flags, 1, watch_roots[w], strlen(watch_roots[w]));
+            if (conns[i].fd <= 0) return; /* the host is gone: the changes stay kept */
             while (wt->changes.head) { /* hand the kept frames over as they are */
                 struct chunk *c = wt->changes.head;
                 wt->changes.head = c->next;
@@ -827,8 +831,7 @@ static void handle_request(int i, char type, const char *payload, size_t len) {
         send_u32(i, 'P', (uint32_t)pid);
         if (pr->ended) {
             send_u32(i, 'X', (uint32_t)pr->status);
-            conns[i].closing = 1;
-            conn_flush(i);
+            conn_finish(i);
         } else {
             conns[i].follows = p;
         }
@@ -967,6 +970,7 @@ void agent_main(int listen_fd) {
                         close(fd);
                         continue;
                     }
+                    memset(&conns[slot], 0, sizeof conns[slot]);
                     conns[slot].fd = fd;
                     conns[slot].follows = -1;
                     watch(fd, EPOLLIN, K_CONN, slot);

@@ -76,6 +76,22 @@ def read_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
     return head[4:5], payload
 
 
+def _first_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    """The answer that opens a followed connection (start, connect, watch), read under the
+    connection's open timeout: a guest can stop its agent, and no host thread may wait on it
+    for ever. What follows the answer is the guest's pace (a command may be silent for
+    hours), so the connection blocks from then on."""
+    try:
+        first = read_frame(sock)
+    except TimeoutError:
+        sock.close()
+        raise AgentGone("the sandbox's agent did not answer") from None
+    except OSError:
+        first = None
+    sock.settimeout(None)
+    return first
+
+
 def _frame(kind: bytes, payload: bytes) -> bytes:
     return struct.pack(">I", 1 + len(payload)) + kind + payload
 
@@ -133,10 +149,10 @@ class Agent:
 
     def start(self, items: list[str], *, pty: bool) -> AgentProcess:
         payload = b"".join(item.encode() + b"\0" for item in items)
-        return AgentProcess(self, self._open(b"S", payload, timeout=None), pty=pty)
+        return AgentProcess(self, self._open(b"S", payload), pty=pty)
 
     def connect(self, pid: int, *, pty: bool = False) -> AgentProcess:
-        return AgentProcess(self, self._open(b"C", struct.pack(">I", pid), timeout=None), pty=pty)
+        return AgentProcess(self, self._open(b"C", struct.pack(">I", pid)), pty=pty)
 
     def list(self) -> list[ProcessEntry]:
         out = []
@@ -179,8 +195,8 @@ class Agent:
 
     # Watchers: the path is a guest path the caller has checked (an existing directory).
     def watch(self, path: str, *, recursive: bool) -> AgentWatch:
-        sock = self._open(b"W", bytes([int(recursive)]) + path.encode(), timeout=None)
-        first = read_frame(sock)
+        sock = self._open(b"W", bytes([int(recursive)]) + path.encode())
+        first = _first_frame(sock)
         if first is None or first[0] != b"w":
             sock.close()
             if first is not None and first[0] == b"E":
@@ -256,7 +272,7 @@ class AgentProcess:
         self._pending: list[tuple[Stream, bytes]] = []
         self._reading = False
         self._done = threading.Event()
-        first = self._next()
+        first = _first_frame(sock)
         if first is None or first[0] == b"E":
             sock.close()
             if first is None:
