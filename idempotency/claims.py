@@ -5,7 +5,10 @@
    check-then-insert. Then, in this order: other fingerprint -> mismatch; completed ->
    replay; past retention -> start afresh; in progress with a live owner -> in progress;
    in progress with a dead owner -> take over (attempt + 1). A new claim reserves the
-   resource id and the operation's resource row in the same transaction.
+   resource id and the operation's resource row in the same transaction. The insert is
+   tried first, with no savepoint: the caller has just read that there is no record, so a
+   lost race is rare, and it costs a second transaction rather than two statements on
+   every new key.
 2. **Execute** (:func:`claim_execute`) with the reserved id, no transaction held. Operations
    are idempotent by id, so a takeover re-drives the same id and can never allocate twice.
 3. **Complete**, fenced on the lease owner: a slow original that lost its lease cannot
@@ -19,6 +22,7 @@ header or builds a response. Who counts as a live owner is ``idempotency/leases.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from e2bfacade import observability
@@ -55,10 +59,16 @@ FingerprintFn = Callable[[str], str]
 
 
 def operation_run(
-    op: Operation, team: Team, params: dict[str, str], body: dict[str, Any], rid: str
+    op: Operation,
+    team: Team,
+    params: dict[str, str],
+    body: dict[str, Any],
+    rid: str,
+    reserved: Any = None,
 ) -> Result:
-    """Execute ``op`` once for the reserved id ``rid`` and render its answer."""
-    status, payload = op.execute(team, params, body, rid)
+    """Execute ``op`` once for the reserved id ``rid`` and render its answer. ``reserved``:
+    what this request's own ``op.reserve`` returned (committed), None on a re-drive."""
+    status, payload = op.execute(team, params, body, rid, reserved)
     return Result(status, render(payload))
 
 
@@ -78,6 +88,7 @@ class Claim:
     kind: str  # "execute" | "replay" | "mismatch" | "in_progress" | "unknown" | "done"
     record: IdempotencyRecord | None = None
     result: Result | None = None
+    reserved: Any = None  # a new claim's: what op.reserve returned
 
 
 def _new_record(
@@ -121,61 +132,108 @@ def key_claim(
     :func:`claim_execute` releases). "done": a new claim's reserve refused deterministically
     and that refusal is stored. The others leave the record as it was."""
     now = timezone.now()
-    with transaction.atomic():
-        try:
-            with transaction.atomic():  # a savepoint: a lost insert race leaves the tx usable
-                record = _new_record(
-                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
-                )
-        except IntegrityError:
-            record = IdempotencyRecord.objects.select_for_update().get(team=team, key=key)
-            if record.expires_at <= now:
-                # Past retention: the key may create anew. The old resource stays as it is.
-                record.delete()
-                record = _new_record(
-                    team, key, op, fp_for(CURRENT_VERSION), params, body, owner, now
-                )
-            else:
-                if not request_matches(record, op, fp_for):
-                    observability.idempotency_event("mismatch")
-                    return Claim("mismatch", record)
-                if record.state == State.COMPLETED:
-                    observability.idempotency_event("replay")
-                    return Claim("replay", record, stored_result(record))
-                if owner_is_alive(record, now):
-                    return Claim("in_progress", record)
-                if record.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
-                    observability.idempotency_event("unknown_outcome")
-                    return Claim("unknown", record)
-                # Take over: the previous owner is gone. Same resource id, next attempt.
-                if not advisory_try_lock(record.pk):
-                    return Claim("in_progress", record)  # someone else got it first
-                record.lease_owner = owner
-                record.lease_expires_at = lease_expires_at(now)
-                record.attempt += 1
-                record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
-                logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
-                observability.idempotency_event("takeover")
-                return Claim("execute", record)
-        # A new claim: make the intent durable with the record. A deterministic refusal
-        # (unknown template, timeout too long) completes the record with that error.
-        observability.idempotency_event("executed")
-        advisory_try_lock(record.pk)
-        if op.reserve is not None:
-            try:
-                # No savepoint: a reserve raises ApiError only before it writes (registry).
-                op.reserve(team, params, body, record.resource_id)
-            except ApiError as exc:
-                result = error_result(exc)
-                advisory_unlock(record.pk)
-                if exc.releases_key:
-                    # A limit, not an answer: forget the key (this transaction made the
-                    # record), so the same key may try again once the limit allows.
-                    record.delete()
-                    return Claim("done", None, result)
-                _store(record, result, now)
-                return Claim("done", record, result)
+    fingerprint_now = fp_for(CURRENT_VERSION)
+    made: list[IdempotencyRecord] = []
+
+    def claim_new() -> Claim:
+        made.append(_new_record(team, key, op, fingerprint_now, params, body, owner, now))
+        return _claim_new(team, op, params, body, made[-1], now)
+
+    try:
+        with transaction.atomic():
+            return claim_new()
+    except IntegrityError:
+        # Lost the race for the key (the other unique constraints hold random ids): that
+        # transaction is gone, and the record that won is read under its lock below.
+        if made or not IdempotencyRecord.objects.filter(team=team, key=key).exists():
+            _unlock_rolled_back(made)
+            raise
+    except BaseException:
+        _unlock_rolled_back(made)
+        raise
+    try:
+        with transaction.atomic():
+            return _claim_existing(team, key, op, fp_for, owner, now, claim_new)
+    except BaseException:
+        _unlock_rolled_back(made)
+        raise
+
+
+def _unlock_rolled_back(made: list[IdempotencyRecord]) -> None:
+    """A session advisory lock outlives the rollback of the transaction that took it: free
+    the lock of a record that rolled back (its id is never used again)."""
+    for record in made:
+        with contextlib.suppress(DatabaseError):  # a lost connection took its locks along
+            advisory_unlock(record.pk)
+
+
+def _claim_existing(
+    team: Team,
+    key: str,
+    op: Operation,
+    fp_for: FingerprintFn,
+    owner: str,
+    now: datetime,
+    claim_new: Callable[[], Claim],
+) -> Claim:
+    """The key has a record: decide under its row lock (see the module's order)."""
+    record = IdempotencyRecord.objects.select_for_update().get(team=team, key=key)
+    if record.expires_at <= now:
+        # Past retention: the key may create anew. The old resource stays as it is.
+        record.delete()
+        return claim_new()
+    if not request_matches(record, op, fp_for):
+        observability.idempotency_event("mismatch")
+        return Claim("mismatch", record)
+    if record.state == State.COMPLETED:
+        observability.idempotency_event("replay")
+        return Claim("replay", record, stored_result(record))
+    if owner_is_alive(record, now):
+        return Claim("in_progress", record)
+    if record.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
+        observability.idempotency_event("unknown_outcome")
+        return Claim("unknown", record)
+    # Take over: the previous owner is gone. Same resource id, next attempt.
+    if not advisory_try_lock(record.pk):
+        return Claim("in_progress", record)  # someone else got it first
+    record.lease_owner = owner
+    record.lease_expires_at = lease_expires_at(now)
+    record.attempt += 1
+    record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
+    logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
+    observability.idempotency_event("takeover")
+    return Claim("execute", record)
+
+
+def _claim_new(
+    team: Team,
+    op: Operation,
+    params: dict[str, str],
+    body: dict[str, Any],
+    record: IdempotencyRecord,
+    now: datetime,
+) -> Claim:
+    """A new claim, inside its record's transaction: make the intent durable with the
+    record. A deterministic refusal (unknown template, timeout too long) completes the
+    record with that error."""
+    observability.idempotency_event("executed")
+    advisory_try_lock(record.pk)
+    if op.reserve is None:
         return Claim("execute", record)
+    try:
+        # No savepoint: a reserve raises ApiError only before it writes (registry).
+        reserved = op.reserve(team, params, body, record.resource_id)
+    except ApiError as exc:
+        result = error_result(exc)
+        advisory_unlock(record.pk)
+        if exc.releases_key:
+            # A limit, not an answer: forget the key (this transaction made the record),
+            # so the same key may try again once the limit allows.
+            record.delete()
+            return Claim("done", None, result)
+        _store(record, result, now)
+        return Claim("done", record, result)
+    return Claim("execute", record, reserved=reserved)
 
 
 # ---------------------------------------------------------------------------- complete
@@ -233,13 +291,15 @@ def claim_execute(
     body: dict[str, Any],
     record: IdempotencyRecord,
     owner: str,
+    reserved: Any = None,
 ) -> Result:
     """Run (or re-drive) a claimed request and complete its record. ``owner`` holds the
-    claim; its advisory lock is released on the way out, whatever happens."""
+    claim; its advisory lock is released on the way out, whatever happens. ``reserved``:
+    what a new claim's reserve returned (:attr:`Claim.reserved`)."""
     try:
         failpoint("after_claim")
         try:
-            result = operation_run(op, team, params, body, record.resource_id)
+            result = operation_run(op, team, params, body, record.resource_id, reserved)
         except ApiError as exc:
             if exc.releases_key:
                 _release(record, owner)

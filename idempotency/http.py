@@ -90,10 +90,11 @@ def run(
     if key is None:
         rid = op.new_resource_id()
         try:
+            reserved = None
             if op.reserve is not None:
                 with transaction.atomic():
-                    op.reserve(team, params, body, rid)
-            return operation_run(op, team, params, body, rid).to_response()
+                    reserved = op.reserve(team, params, body, rid)
+            return operation_run(op, team, params, body, rid, reserved).to_response()
         except ApiError as exc:
             return error_result(exc).to_response()
 
@@ -129,7 +130,9 @@ def run(
         claim = key_claim(team, key, op, fp_for, params, body, owner)
         if claim.kind == "execute":
             assert claim.record is not None
-            return claim_execute(op, team, params, body, claim.record, owner).to_response()
+            return claim_execute(
+                op, team, params, body, claim.record, owner, claim.reserved
+            ).to_response()
         if claim.kind in ("replay", "done"):
             assert claim.result is not None
             return claim.result.to_response()

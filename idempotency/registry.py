@@ -4,7 +4,9 @@
 An operation must be re-drivable from the record alone: ``execute`` is called with the
 path parameters, the canonical body and the reserved resource id, by the original request,
 by a retry that took over, or by the worker; every call for one resource id must converge
-on the same single resource.
+on the same single resource. The original request also hands ``execute`` what its own
+``reserve`` returned (the committed row it just wrote, so it need not be read back); every
+re-drive gets None and reads what it needs.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ Body = dict[str, Any]
 class Operation:
     route: str
     new_resource_id: Callable[[], str]
-    # (team, params, body, resource_id) -> (status, JSON payload). Idempotent by id.
-    execute: Callable[[Team, Params, Body, str], tuple[int, Any]]
+    # (team, params, body, resource_id, reserved) -> (status, JSON payload). Idempotent by
+    # id; ``reserved`` is this request's own reserve's return value, or None on a re-drive.
+    execute: Callable[[Team, Params, Body, str, Any], tuple[int, Any]]
     # Runs inside the claim transaction of a new key: makes the intent durable (e.g. the
-    # sandbox row in state "creating"). May raise ApiError for a deterministic refusal, but
-    # only before it writes anything: the refusal is stored in that same transaction.
-    reserve: Callable[[Team, Params, Body, str], None] | None = None
+    # sandbox row in state "creating") and returns it. May raise ApiError for a
+    # deterministic refusal, but only before it writes anything: the refusal is stored in
+    # that same transaction.
+    reserve: Callable[[Team, Params, Body, str], Any] | None = None
     # The model whose primary key is the reserved resource id ("app_label.ModelName"), for
     # the admin's link from a record to its resource. A label, not the model: this app sits
     # below the apps that register operations and imports none of them. None: no link.

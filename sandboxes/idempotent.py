@@ -12,19 +12,23 @@ from typing import Any
 from e2bfacade.models import Team
 from idempotency.registry import Operation, register
 from sandboxes import services
-from sandboxes.models import new_sandbox_id
+from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.serializers import SandboxSerializer, create_request_from
 
 CREATE_V2 = "POST /v2/sandboxes"
 CREATE_V1 = "POST /sandboxes"
 
 
-def _reserve_sandbox(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> None:
-    services.sandbox_reserve(team=team, request=create_request_from(body), sandbox_id=rid)
+def _reserve_sandbox(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> Sandbox:
+    return services.sandbox_reserve(team=team, request=create_request_from(body), sandbox_id=rid)
 
 
-def _create(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> tuple[int, Any]:
-    sandbox = services.sandbox_create(team=team, request=create_request_from(body), sandbox_id=rid)
+def _create(
+    team: Team, params: dict[str, str], body: dict[str, Any], rid: str, reserved: Sandbox | None
+) -> tuple[int, Any]:
+    sandbox = services.sandbox_create(
+        team=team, request=create_request_from(body), sandbox_id=rid, reserved=reserved
+    )
     return 201, SandboxSerializer(sandbox).data
 
 

@@ -170,30 +170,41 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
         # stale-transition sweep removes whatever was made.
         raise runtime_error(exc) from exc
     failpoint("after_runtime_create")
+    # One guarded UPDATE: only a row still "creating" becomes "running", and nothing else
+    # writes a "creating" row (every other update is guarded on its own state), so our copy
+    # is the row. The clock starts when the sandbox does: endAt = start + timeout.
     now = timezone.now()
-    with transaction.atomic():
-        row = Sandbox.objects.select_for_update().get(pk=sandbox.pk)
-        if row.state == State.CREATING:
-            # The clock starts when the sandbox does: endAt = start + timeout.
-            timeout = row.end_at - row.started_at
-            row.state = State.RUNNING
-            row.state_changed_at = now
-            row.started_at = now
-            row.end_at = now + timeout
-            row.save(update_fields=["state", "state_changed_at", "started_at", "end_at"])
-            return row
-    if row.state in (State.KILLING, State.KILLED):
+    changes = {
+        "state": State.RUNNING,
+        "state_changed_at": now,
+        "started_at": now,
+        "end_at": now + (sandbox.end_at - sandbox.started_at),
+    }
+    if Sandbox.objects.filter(pk=sandbox.pk, state=State.CREATING).update(**changes):
+        for name, value in changes.items():
+            setattr(sandbox, name, value)
+        return sandbox
+    row = Sandbox.objects.select_related("template").filter(pk=sandbox.pk).first()
+    if row is None or row.state in (State.KILLING, State.KILLED):
         # Killed while it was being created: make sure nothing runs.
-        runtime.kill(row.sandbox_id)
-        raise not_found(row.sandbox_id)
+        runtime.kill(sandbox.sandbox_id)
+        raise not_found(sandbox.sandbox_id)
     return row  # another driver of the same id finished first
 
 
-def sandbox_create(*, team: Team, request: CreateRequest, sandbox_id: str | None = None) -> Sandbox:
+def sandbox_create(
+    *,
+    team: Team,
+    request: CreateRequest,
+    sandbox_id: str | None = None,
+    reserved: Sandbox | None = None,
+) -> Sandbox:
     """Create the sandbox ``sandbox_id`` (a new id when None), or adopt it if a previous
-    attempt got any part of the way: safe to re-drive with the same id after a crash."""
-    sandbox = None
-    if sandbox_id is not None:
+    attempt got any part of the way: safe to re-drive with the same id after a crash.
+    ``reserved``: the row this request's own :func:`sandbox_reserve` committed for that id,
+    which then need not be read back."""
+    sandbox = reserved
+    if sandbox is None and sandbox_id is not None:
         sandbox = (
             Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
         )

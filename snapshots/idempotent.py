@@ -23,7 +23,7 @@ FORK = "POST /sandboxes/{sandboxID}/fork"
 
 
 def _snapshot(
-    team: Team, params: dict[str, str], body: dict[str, Any], rid: str
+    team: Team, params: dict[str, str], body: dict[str, Any], rid: str, reserved: None
 ) -> tuple[int, Any]:
     snapshot = services.snapshot_create(
         team=team, sandbox_id=params["sandbox_id"], name=body.get("name"), snapshot_id=rid
@@ -31,7 +31,9 @@ def _snapshot(
     return 201, SnapshotInfoSerializer(snapshot).data
 
 
-def _fork(team: Team, params: dict[str, str], body: dict[str, Any], rid: str) -> tuple[int, Any]:
+def _fork(
+    team: Team, params: dict[str, str], body: dict[str, Any], rid: str, reserved: None
+) -> tuple[int, Any]:
     results = services.sandbox_fork(
         team=team,
         sandbox_id=params["sandbox_id"],
