@@ -42,12 +42,15 @@ from sandboxes.dataplane.target import (  # noqa: E402
     NOT_FOUND,
     UNAUTHORIZED,
     Caller,
+    Response,
     Target,
     basic_user,
     current,
+    cutting,
     header,
     json_body,
     resolve,
+    response,
     token_ok,
     traffic_refusal,
 )
@@ -222,12 +225,15 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         await _deny(send, 401, "invalid username")
         return
     token = current.set(caller)
+    state = Response()
+    response_token = response.set(state)
     try:
         if path.startswith("/process.Process/"):
-            await process_app(scope, receive, send)  # type: ignore[arg-type]
+            await process_app(scope, receive, cutting(scope, send, state))  # type: ignore[arg-type]
         elif path.startswith("/filesystem.Filesystem/"):
-            await filesystem_app(scope, receive, send)  # type: ignore[arg-type]
+            await filesystem_app(scope, receive, cutting(scope, send, state))  # type: ignore[arg-type]
         else:
             await _deny(send, 404, f"no route for {scope.get('method')} {path}")
     finally:
+        response.reset(response_token)
         current.reset(token)

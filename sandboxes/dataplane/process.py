@@ -38,7 +38,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
-from sandboxes.dataplane.target import current
+from sandboxes.dataplane.target import current, response
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
@@ -172,8 +172,9 @@ async def follow(
         if lifetime and deadline is not None and time.monotonic() >= deadline - 0.05:
             raise ConnectError(Code.DEADLINE_EXCEEDED, "the process's lifetime elapsed")
         if status.signal == signal.SIGKILL and not await _still_running():
-            # Killed with its sandbox: unavailable, which makes the SDK ask /health (502) and
-            # report the sandbox as no longer running, as it does when envd's VM goes away.
+            # Killed with its sandbox: the connection is cut (target.Response), as when
+            # envd's VM goes away; the SDK asks /health (502) and reports the sandbox gone.
+            response.get().cut = True
             raise ConnectError(Code.UNAVAILABLE, "the sandbox ended while the process ran")
         yield end_event(status)
     finally:

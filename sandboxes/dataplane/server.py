@@ -11,12 +11,16 @@ as TCP explicitly, so asyncio sets ``TCP_NODELAY`` as it does for its own server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import struct
 import sys
+from typing import Any
 
 import uvicorn
+import uvicorn.protocols.http.h11_impl
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -29,9 +33,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class H11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, handing the app a way to reset its connection
+    (``scope["extensions"]["e2bfacade.reset"]``): a stream whose sandbox ended is cut with a
+    TCP reset, as a dropped connection to a VM that went away looks (target.Response)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        app = self.app
+
+        async def with_reset(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            extensions = {**scope.get("extensions", {}), "e2bfacade.reset": self._reset}
+            await app({**scope, "extensions": extensions}, receive, send)
+
+        self.app = with_reset
+
+    def _reset(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+        self.transport.abort()
+
+
 def serve(sock: socket.socket) -> None:
     config = uvicorn.Config(
         "sandboxes.dataplane.app:application",
+        http=H11Protocol,
         lifespan="on",
         access_log=False,
         # As envd: kept-alive connections may be quiet for minutes between keepalives.

@@ -9,6 +9,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from e2bfacade.runtime.base import SandboxInfo
 
@@ -38,6 +39,38 @@ class Caller:
 
 
 current: contextvars.ContextVar[Caller] = contextvars.ContextVar("dataplane_caller")
+
+
+@dataclass
+class Response:
+    """How the response being served must end. ``cut``: the sandbox ended under a stream,
+    so the connection is dropped instead of the stream ending with an error message. That
+    is what a client sees when envd's VM goes away, and what makes every E2B SDK ask
+    /health (502, not found) and report the sandbox as killed (older SDKs probe only after
+    a dropped connection, not after an error message)."""
+
+    cut: bool = False
+
+
+response: contextvars.ContextVar[Response] = contextvars.ContextVar("dataplane_response")
+
+
+def cutting(scope: dict[str, Any], send: Any, state: Response) -> Any:
+    """``send`` for a Connect app: once ``state.cut`` is set, the response's last message
+    (the error end message the Connect runtime makes) is not sent, and the connection is
+    reset instead (server.H11Protocol's extension; where there is none, raising after the
+    response started makes the server close it)."""
+
+    async def guarded(message: dict[str, Any]) -> None:
+        last = message["type"] == "http.response.body" and not message.get("more_body", False)
+        if state.cut and (last or message["type"] == "http.response.trailers"):
+            reset = scope.get("extensions", {}).get("e2bfacade.reset")
+            if reset is not None:
+                reset()
+            raise ConnectionAbortedError("the sandbox ended while the stream was open")
+        await send(message)
+
+    return guarded
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
