@@ -26,6 +26,7 @@ on any unexpected answer or disagreement. ``--json`` adds one JSON summary line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -349,13 +350,15 @@ def main() -> None:
         parser.error(f"--seconds must be in (0, {MAX_SECONDS}]")
     if not 1 <= args.clients <= 64:
         parser.error("--clients must be in [1, 64]")
-    if args.sqlite:
-        db = f"sqlite:///{tempfile.mkdtemp(prefix='e2bsoak-')}/soak.sqlite3"
-    else:
-        db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
-        if not db.startswith(("postgres://", "postgresql://", "pgsql://")):
-            parser.error("DATABASE_URL is not PostgreSQL; pass --sqlite for SQLite")
-    result = run(seconds=args.seconds, clients=args.clients, database_url=db)
+    with contextlib.ExitStack() as stack:
+        if args.sqlite:
+            where = stack.enter_context(tempfile.TemporaryDirectory(prefix="e2bsoak-"))
+            db = f"sqlite:///{where}/soak.sqlite3"
+        else:
+            db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
+            if not db.startswith(("postgres://", "postgresql://", "pgsql://")):
+                parser.error("DATABASE_URL is not PostgreSQL; pass --sqlite for SQLite")
+        result = run(seconds=args.seconds, clients=args.clients, database_url=db)
     print_report(result)
     if args.json:
         print("SOAK-JSON " + json.dumps(result))
