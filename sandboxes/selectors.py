@@ -7,14 +7,16 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from django.db.models import Q, QuerySet, TextField
+from django.db import connection
+from django.db.models import JSONField, Q, QuerySet, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils.dateparse import parse_datetime
 
 from e2bfacade.errors import BadRequest
 from e2bfacade.paging import make_token, read_token
-from sandboxes.models import Sandbox
+from sandboxes.models import CLIENT_ID, Sandbox
 
 State = Sandbox.State
 WIRE_TO_STATES = {
@@ -147,3 +149,52 @@ def sandbox_list(*, team_id: int, query: ListQuery) -> tuple[list[Sandbox], str 
             salt=TOKEN_SALT, at=rows[-1].started_at, pk=rows[-1].sandbox_id, filters=filters
         )
     return rows, next_token
+
+
+def _utc_text(column: str) -> str:
+    """SQL rendering a timestamp column as DRF renders a datetime: ISO 8601 in UTC with a
+    "Z", the microseconds only when there are any (Python's ``isoformat``)."""
+    at = f"{column} AT TIME ZONE 'UTC'"
+    return (
+        f"to_char({at}, 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN date_trunc('second', "
+        f"{column}) = {column} THEN '' ELSE to_char({at}, '.US') END || 'Z'"
+    )
+
+
+def sandbox_list_all_json(*, team_id: int, query: ListQuery) -> str | None:
+    """The v1 list's whole JSON body built by PostgreSQL in the query that selects it (one
+    aggregate; no row or value crosses into Python): what ``listed_values`` of
+    :func:`sandbox_list_all` renders, as JSON (``tests/api/test_list_rendering.py`` holds
+    the two equal). Metadata goes as stored: its values are strings (the create's
+    StringMapField), which ``listed_values`` only restates. None off PostgreSQL, where the
+    caller renders the rows."""
+    if connection.vendor != "postgresql":
+        return None
+    table = Sandbox._meta.db_table
+    states = " ".join("WHEN %s THEN %s" for _ in Sandbox.WIRE_STATE)
+    row = RawSQL(
+        f"""json_build_object(
+            'templateID', {table}.template_id, 'sandboxID', {table}.sandbox_id,
+            'clientID', %s::text, 'alias', {table}.alias,
+            'startedAt', {_utc_text(f"{table}.started_at")},
+            'endAt', {_utc_text(f"{table}.end_at")},
+            'cpuCount', {table}.cpu_count, 'memoryMB', {table}.memory_mb,
+            'diskSizeMB', {table}.disk_size_mb,
+            'state', CASE {table}.state {states} END,
+            'envdVersion', {table}.envd_version,
+            'metadata', coalesce({table}.metadata, '{{}}'::jsonb)
+        )""",
+        (CLIENT_ID, *(x for state, wire in Sandbox.WIRE_STATE.items() for x in (state, wire))),
+        output_field=JSONField(),
+    )
+    rows = _filtered(team_id, query).annotate(_row=row).values("_row", "started_at", "sandbox_id")
+    inner, params = rows.query.sql_with_params()
+    direction = "DESC" if query.order == "desc" else "ASC"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(json_agg(r._row "
+            f"ORDER BY r.started_at {direction}, r.sandbox_id {direction}), '[]')::text "
+            f"FROM ({inner}) AS r",
+            params,
+        )
+        return str(cursor.fetchone()[0])

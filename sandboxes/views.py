@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
@@ -94,15 +95,18 @@ class SandboxViewSet(viewsets.ViewSet):
         parameters=[OpenApiParameter("metadata", str, description="url-encoded k=v&k2=v2")],
         responses={200: ListedSandboxSerializer(many=True), **errors(400)},
     )
-    def list_v1(self, request: Request) -> Response:
+    def list_v1(self, request: Request) -> Response | HttpResponse:
         params = request.query_params.dict()
         query = selectors.parse_list_query(
             {"metadata": params.get("metadata", ""), "state": "running"}, paged=False
         )
-        # v1 has no paging: every live sandbox, in one query.
-        rows = selectors.sandbox_list_all(
-            team_id=team_of(request).pk, query=query, columns=LISTED_COLUMNS
-        )
+        # v1 has no paging: every live sandbox, in one query (on PostgreSQL, one that
+        # builds the JSON body itself: thousands of rows never become Python objects).
+        team_id = team_of(request).pk
+        body = selectors.sandbox_list_all_json(team_id=team_id, query=query)
+        if body is not None:
+            return HttpResponse(body, content_type="application/json")
+        rows = selectors.sandbox_list_all(team_id=team_id, query=query, columns=LISTED_COLUMNS)
         return Response(listed_values(rows))
 
     @extend_schema(

@@ -50,3 +50,47 @@ def test_listed_rows_renders_what_the_serializer_renders(team: Team) -> None:
     [dated] = [r for r in json.loads(renderer.render(listed_rows(rows))) if r["metadata"].get("n")]
     assert dated["startedAt"] == "2026-01-02T03:04:05.678901Z"
     assert dated["endAt"] == "2026-01-02T03:04:05Z"  # in UTC, as DRF renders it
+
+
+def test_the_v1_list_body_postgresql_builds_is_what_the_serializer_renders(team: Team) -> None:
+    from django.db import connection
+
+    from sandboxes import selectors
+
+    if connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL builds the v1 list's body in its query")
+    plus_two = timezone(timedelta(hours=2))
+    made = [
+        SandboxFactory.create(team=team, state=Sandbox.State.RUNNING, metadata={}),
+        SandboxFactory.create(
+            team=team,
+            state=Sandbox.State.RUNNING,
+            metadata={"ünï": 'cødé "q" \\ \n\t\x01', "n": "1", "empty": "", "a": "2"},
+            started_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+            end_at=datetime(2026, 1, 2, 5, 4, 5, tzinfo=plus_two),
+        ),
+        SandboxFactory.create(
+            team=team,
+            state=Sandbox.State.RESUMING,
+            alias="x",
+            started_at=datetime(2026, 1, 2, 3, 4, 5, 10, tzinfo=UTC),
+        ),
+        SandboxFactory.create(team=team, state=Sandbox.State.PAUSED),  # not in the v1 list
+        SandboxFactory.create(state=Sandbox.State.RUNNING),  # another team's
+    ]
+    for query in (
+        selectors.parse_list_query({"state": "running"}, paged=False),
+        selectors.parse_list_query({"state": "running", "order": "asc"}, paged=False),
+        selectors.parse_list_query({"state": "running", "metadata": "n=1"}, paged=False),
+        selectors.parse_list_query({"state": "running", "metadata": "n=2"}, paged=False),
+    ):
+        rows = selectors.sandbox_list_all(team_id=team.pk, query=query, columns=LISTED_COLUMNS)
+        body = selectors.sandbox_list_all_json(team_id=team.pk, query=query)
+        assert body is not None
+        assert json.loads(body) == listed_values(rows), query
+    everything = selectors.parse_list_query({"state": "running"}, paged=False)
+    body = selectors.sandbox_list_all_json(team_id=team.pk, query=everything)
+    assert [r["sandboxID"] for r in json.loads(body or "")] == [
+        r.sandbox_id
+        for r in sorted(made[:3], key=lambda r: (r.started_at, r.sandbox_id), reverse=True)
+    ]
