@@ -282,7 +282,8 @@ def test_killing_the_sandbox_ends_its_streams_with_not_running(
     killer.join()
     # As when envd's VM goes away, the connection is reset, not ended with an error message:
     # SDKs older than this one ask /health only after a dropped connection.
-    assert is_transport_failure(e.value.__cause__), repr(e.value.__cause__)
+    cause = e.value.__cause__
+    assert isinstance(cause, Exception) and is_transport_failure(cause), repr(cause)
 
 
 def test_a_paused_sandbox_keeps_its_commands_and_they_go_on_after_resume(
