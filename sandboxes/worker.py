@@ -6,6 +6,7 @@ Several workers may run at once: rows are claimed with ``SKIP LOCKED``.
 
 from __future__ import annotations
 
+import resource
 from datetime import datetime
 
 from django.db import transaction
@@ -109,6 +110,16 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
     return recovered
 
 
+def make_room_for_the_census() -> None:
+    """Raise this process's open-files limit (to its hard limit, at most 65 536): the
+    reconcile's census keeps a pidfd per live sandbox (the local runtime's InitWatch), and
+    the soft limit (often 1 024) would leave it checking the rest one by one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def sandbox_reconcile() -> dict[str, list[str]]:
     """Make the database and the runtime agree: a sandbox the database thinks is live but
     the runtime lost is marked killed; a runtime sandbox the database does not know (or
@@ -117,25 +128,24 @@ def sandbox_reconcile() -> dict[str, list[str]]:
     # Database first, runtime second: a sandbox the database saw live existed in the runtime
     # before we listed it, so missing from the list means it really died.
     known = dict(Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state"))
-    actual = {info.sandbox_id: info for info in runtime.list()}
+    actual = runtime.live_ids()
     gone, orphans = [], []
     for sandbox_id, state in known.items():
         if state in (State.CREATING, State.KILLING):
             continue  # in flight: sandbox_recover_stale owns these
-        info = actual.get(sandbox_id)
-        if info is None or info.state is SandboxState.DEAD:
+        if sandbox_id not in actual:
             updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
                 state=State.KILLED, state_changed_at=timezone.now(), killed_at=timezone.now()
             )
             if updated:
                 runtime.kill(sandbox_id)
                 gone.append(sandbox_id)
-    for sandbox_id in actual.keys() - known.keys():
+    for sandbox_id in actual - known.keys():
         # Re-check under the runtime's view: a create may have reserved it since we read.
         if not Sandbox.objects.filter(pk=sandbox_id).exclude(state=State.KILLED).exists():
             runtime.kill(sandbox_id)
             orphans.append(sandbox_id)
-    reaped = runtime.sweep()
+    reaped = runtime.sweep(seen_live=actual)
     return {"gone": gone, "orphans": orphans, "reaped": reaped}
 
 

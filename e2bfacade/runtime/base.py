@@ -14,7 +14,7 @@ import enum
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -485,6 +485,11 @@ class Runtime(Protocol):
     def create(self, spec: SandboxSpec) -> SandboxInfo: ...
     def status(self, sandbox_id: str) -> SandboxInfo: ...
     def list(self) -> builtins.list[SandboxInfo]: ...
+    def live_ids(self) -> set[str]:
+        """The ids of :meth:`list`'s sandboxes that are not dead, as cheaply as the driver
+        can tell them (the lifecycle worker's reconcile asks on every tick)."""
+        ...
+
     def pause(self, sandbox_id: str) -> None: ...
     def resume(self, sandbox_id: str) -> None: ...
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
@@ -503,10 +508,11 @@ class Runtime(Protocol):
         without a pool does nothing. Pool sandboxes are no one's: never in :meth:`list`."""
         ...
 
-    def sweep(self) -> builtins.list[str]:
+    def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:
         """Release what no live sandbox owns (whatever that means for the driver: dead
         sandboxes, half-made ones, leftover groups); returns the ids released. Safe beside
-        running operations."""
+        running operations. ``seen_live``: ids the caller has just seen live (from
+        :meth:`live_ids`), which the sweep need not look at again."""
         ...
 
     # The data plane. Paths are guest paths: absolute, or relative to the user's home.

@@ -129,6 +129,22 @@ def test_pause_resume_and_kill(driver: Runtime, make_sandbox: Callable[..., str]
         driver.status(sandbox_id)
 
 
+def test_live_ids_are_the_listed_sandboxes_that_are_not_dead(
+    driver: Runtime, make_sandbox: Callable[..., str]
+) -> None:
+    running, paused, killed = make_sandbox(), make_sandbox(), make_sandbox()
+    driver.pause(paused)
+    driver.kill(killed)
+    for _ in range(2):  # asked again: what a driver keeps between calls must hold too
+        live = driver.live_ids()
+        assert {running, paused} <= live and killed not in live
+        listed = {i.sandbox_id for i in driver.list() if i.state is not SandboxState.DEAD}
+        assert live == listed
+    driver.kill(running)
+    assert running not in driver.live_ids()
+    assert driver.sweep(seen_live=driver.live_ids()) == []  # nothing dead was left
+
+
 def test_a_snapshot_carries_files_into_a_new_sandbox(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:

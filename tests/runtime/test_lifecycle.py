@@ -197,8 +197,10 @@ def test_a_sandbox_whose_init_died_is_dead_and_reaped(
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
     ok(runtime, sandbox_id, "sleep 60 >/dev/null 2>&1 &")
+    assert sandbox_id in runtime.live_ids()  # its init's pidfd is now kept (InitWatch)
     os.kill(info.init_pid, signal.SIGKILL)  # the kernel then kills the whole pid namespace
     assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.DEAD, timeout=2)
+    assert sandbox_id not in runtime.live_ids()  # the kept pidfd says it ended
     with pytest.raises(RuntimeConflict):
         run(runtime, sandbox_id, ["true"])
 

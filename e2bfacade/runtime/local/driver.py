@@ -23,7 +23,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -80,6 +80,7 @@ from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import (
     ID_FIRST_BASE,
     ID_RANGE,
+    InitWatch,
     Layout,
     proc_starttime,
     write_json,
@@ -130,6 +131,7 @@ class LocalRuntime:
         self.root = root
         self.snapshot_max_bytes = snapshot_max_bytes
         self.layout = Layout(root)
+        self._init_watch = InitWatch()
         self.images = ImageStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = digest_of(root)
@@ -825,36 +827,54 @@ class LocalRuntime:
     def capacity(self) -> Capacity:
         return self._capacity
 
-    def sweep(self) -> builtins.list[str]:
+    def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:
         """Remove what no live sandbox owns: groups without a sandbox, sandboxes whose init
         died, directories a crashed creator left half-made. Safe beside running creates
         (an id whose lock is held is skipped)."""
         reaped = []
-        for sid in sorted(self.layout.sandbox_ids() | self.cgroups.list_ids()):
+        groups = self.cgroups.names()  # one listing, for the sandboxes' groups and the spares'
+        for sid in sorted(
+            (self.layout.sandbox_ids() | self.cgroups.list_ids(groups)) - set(seen_live)
+        ):
+            # Looked at without its lock first: a live sandbox stays live (a dead one never
+            # comes back), so only what looks dead or half-made pays for the lock, and is
+            # looked at again under it. What the caller saw live it need not see again:
+            # if it died since, the next sweep has it.
+            if self._sweep_keeps(sid):
+                continue
             with self.layout.locked("sandbox", sid, blocking=False) as got:
-                if not got:
-                    continue
-                state = self.layout.read_state(sid)
-                stale = state is not None and state.get("warm_version", self._version) != (
-                    self._version
-                )  # a pool sandbox the previous helper binaries made: no create takes it
-                if (
-                    state is not None
-                    and not stale
-                    and self._info(state).state is not SandboxState.DEAD
-                ):
-                    continue
-                if self._destroy(sid):
+                if got and not self._sweep_keeps(sid) and self._destroy(sid):
                     reaped.append(sid)
         for p in (self.root / "sandboxes").iterdir():
             if p.name.endswith(".deleting"):
                 _bury(p)  # a crash (or an exit) came before the background removal did
-        self.spares.sweep(self._claimed_spares)
+        self.spares.sweep(self._claimed_spares, groups)
         if self.network is not None:
             self.network.sweep()
         self.disk_pool.sweep()
         self.replenish()
         return reaped
+
+    def _sweep_keeps(self, sandbox_id: str) -> bool:
+        """Whether the sweep leaves ``sandbox_id`` be: it is created, its init lives, and it
+        is no pool sandbox of older helper binaries (which no create takes)."""
+        state = self.layout.read_state_cached(sandbox_id)
+        if state is None or state.get("warm_version", self._version) != self._version:
+            return False
+        return bool(proc_starttime(int(state["init_pid"])) == state["init_start"])
+
+    def live_ids(self) -> set[str]:
+        """The created sandboxes whose init lives (paused ones too; no pool sandbox): what
+        :meth:`list` holds that is not dead, for a census that needs no more than that (the
+        worker's reconcile, every tick). One directory walk, a stat per sandbox (its state
+        is parsed again only when it changed) and one poll of the inits' pidfds
+        (:class:`InitWatch`, kept by this runtime object)."""
+        inits = {}
+        for sid in self.layout.sandbox_ids():
+            state = self.layout.read_state_cached(sid)
+            if state is not None and "warm" not in state:
+                inits[sid] = (int(state["init_pid"]), int(state["init_start"]))
+        return self._init_watch.alive(inits)
 
     def _claimed_spares(self) -> set[str]:
         claimed = set()

@@ -137,20 +137,27 @@ class Spares:
             self.cgroups.wait_empty(group)
             self.cgroups.remove(group)
 
-    def sweep(self, claimed: Callable[[], set[str]]) -> list[str]:
+    def sweep(self, claimed: Callable[[], set[str]], names: set[str] | None = None) -> list[str]:
         """Remove spare groups whose launcher is gone (or never parked) and that no sandbox
         has claimed (``claimed()``: the groups named by claims in sandbox directories,
-        read after the groups are listed, so a claim made meanwhile is seen)."""
+        read after the groups are listed, so a claim made meanwhile is seen). ``names``: a
+        listing of the groups (Cgroups.names) made before this call, else one is made."""
         removed: list[str] = []
         with self.layout.locked("spares", "fill", blocking=False) as got:
             if not got:
                 return removed  # a filler is between making a group and parking in it
-            groups = self.cgroups.spare_groups()
-            taken = claimed()
-            for group in groups:
-                sock = self.dir / f"{group.removeprefix(SPARE_PREFIX)}.sock"
-                if group in taken or (sock.exists() and self.cgroups.pids(group)):
+            groups = self.cgroups.spare_groups(names)
+
+            def sock_of(group: str) -> Path:
+                return self.dir / f"{group.removeprefix(SPARE_PREFIX)}.sock"
+
+            idle = [g for g in groups if not (sock_of(g).exists() and self.cgroups.pids(g))]
+            # Only asked when some group has no parked launcher (a walk of every sandbox).
+            taken = claimed() if idle else set()
+            for group in idle:
+                if group in taken:
                     continue
+                sock = sock_of(group)
                 self.discard_group(group)
                 sock.unlink(missing_ok=True)
                 removed.append(group)

@@ -22,8 +22,11 @@ import errno
 import fcntl
 import json
 import os
+import resource
+import select
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,15 @@ ID_SLOTS = 4096
 def proc_starttime(pid: int) -> int | None:
     """The kernel start time of ``pid``: with the pid it identifies a process uniquely."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return None
+    try:
+        stat = os.read(fd, 4096).decode(errors="replace")
+    except ProcessLookupError:  # it ended between the open and the read
+        return None
+    finally:
+        os.close(fd)
     # The command name may contain spaces and parentheses: split after the last ')'.
     fields = stat.rsplit(")", 1)[1].split()
     if fields[0] == "Z":
@@ -63,6 +72,8 @@ class Layout:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._state_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        self._sandboxes = str(root / "sandboxes")
         for sub in ("images", "sandboxes", "locks", "run", "bin", "ids"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         # Nobody but root walks in: no other host account can read a layer, or hold one of
@@ -78,7 +89,8 @@ class Layout:
 
     def sandbox_ids(self) -> set[str]:
         """Every sandbox directory's id, made or half-made."""
-        return {p.name for p in (self.root / "sandboxes").iterdir() if not p.name.startswith(".")}
+        with os.scandir(self._sandboxes) as entries:
+            return {e.name for e in entries if not e.name.startswith(".")}
 
     def read_state(self, sandbox_id: str) -> dict[str, Any] | None:
         """The sandbox's state, or None while it is not (or no longer) created. A state
@@ -91,6 +103,29 @@ class Layout:
         if state.get("sandbox_id") != sandbox_id:
             return None
         return state  # type: ignore[no-any-return]
+
+    def read_state_cached(self, sandbox_id: str) -> Mapping[str, Any] | None:
+        """:meth:`read_state` for the census (the sweep, :meth:`LocalRuntime.live_ids`),
+        parsed again only when the file changed (a state file is only ever replaced, so a
+        new file is a new inode). Read-only: the mapping is shared between calls."""
+        path = f"{self._sandboxes}/{sandbox_id}/state.json"  # a str: no Path per call
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._state_cache.pop(sandbox_id, None)
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._state_cache.get(sandbox_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        state = self.read_state(sandbox_id)
+        if state is None:
+            self._state_cache.pop(sandbox_id, None)
+            return None
+        if len(self._state_cache) > 65536:
+            self._state_cache.clear()  # ids of sandboxes long gone; they come back on demand
+        self._state_cache[sandbox_id] = (key, state)
+        return state
 
     def id_base_take(self, sandbox_id: str) -> int:
         """A free id range for ``sandbox_id`` (or the one it already holds); its base.
@@ -176,3 +211,57 @@ class Layout:
                 yield False
                 return
             yield True
+
+
+class InitWatch:
+    """Which sandboxes' inits live, asked of many at once: a pidfd per init, opened once
+    (and checked against the init's start time right then, so it is that process and no
+    other with a reused pid) and kept; one ``poll`` then tells every one that has exited
+    (a pidfd becomes readable when its process ends). Inits beyond what the process may
+    keep open are checked one by one (:func:`proc_starttime`)."""
+
+    HEADROOM = 256  # descriptors left to everything else in the process
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[str, tuple[int, int, int]] = {}  # sandbox id -> (pid, start, pidfd)
+
+    def alive(self, inits: Mapping[str, tuple[int, int]]) -> set[str]:
+        """The ids of ``inits`` (sandbox id -> (init pid, init start time)) that live."""
+        with self._lock:
+            for sid, (pid, start, fd) in list(self._fds.items()):
+                if inits.get(sid) != (pid, start):  # gone, or a new init under that id
+                    os.close(fd)
+                    del self._fds[sid]
+            room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - self.HEADROOM
+            one_by_one = []
+            for sid, (pid, start) in inits.items():
+                if sid in self._fds:
+                    continue
+                if len(self._fds) >= room:
+                    one_by_one.append(sid)
+                    continue
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue  # ended
+                except OSError:
+                    one_by_one.append(sid)  # out of descriptors after all
+                    continue
+                if proc_starttime(pid) != start:  # the pid is another process's now
+                    os.close(fd)
+                    continue
+                self._fds[sid] = (pid, start, fd)
+            poller = select.poll()
+            for _, _, fd in self._fds.values():
+                poller.register(fd, select.POLLIN)
+            ended = {fd for fd, _ in poller.poll(0)}
+            live = {sid for sid, (_, _, fd) in self._fds.items() if fd not in ended}
+        live.update(sid for sid in one_by_one if proc_starttime(inits[sid][0]) == inits[sid][1])
+        return live
+
+    def close(self) -> None:
+        with self._lock:
+            for _, _, fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
