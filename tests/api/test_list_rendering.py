@@ -88,9 +88,12 @@ def test_the_v1_list_body_postgresql_builds_is_what_the_serializer_renders(team:
         body = selectors.sandbox_list_all_json(team_id=team.pk, query=query)
         assert body is not None
         assert json.loads(body) == listed_values(rows), query
-    everything = selectors.parse_list_query({"state": "running"}, paged=False)
-    body = selectors.sandbox_list_all_json(team_id=team.pk, query=everything)
-    assert [r["sandboxID"] for r in json.loads(body or "")] == [
-        r.sandbox_id
-        for r in sorted(made[:3], key=lambda r: (r.started_at, r.sandbox_id), reverse=True)
-    ]
+    for order in ("desc", "asc"):
+        everything = selectors.parse_list_query({"state": "running", "order": order}, paged=False)
+        body = selectors.sandbox_list_all_json(team_id=team.pk, query=everything)
+        assert [r["sandboxID"] for r in json.loads(body or "")] == [
+            r.sandbox_id
+            for r in sorted(
+                made[:3], key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc"
+            )
+        ]
