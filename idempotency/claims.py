@@ -177,7 +177,11 @@ def _claim_existing(
     claim_new: Callable[[], Claim],
 ) -> Claim:
     """The key has a record: decide under its row lock (see the module's order)."""
-    record = IdempotencyRecord.objects.select_for_update().get(team=team, key=key)
+    record = IdempotencyRecord.objects.select_for_update().filter(team=team, key=key).first()
+    if record is None:
+        # Gone since our insert lost to it (its original released it, or a purge): the
+        # caller reads again and claims afresh, as for any request still in progress.
+        return Claim("in_progress")
     if record.expires_at <= now:
         # Past retention: the key may create anew. The old resource stays as it is.
         record.delete()

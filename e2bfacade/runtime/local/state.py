@@ -25,6 +25,7 @@ import os
 import resource
 import select
 import threading
+import weakref
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -225,6 +226,8 @@ class InitWatch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fds: dict[str, tuple[int, int, int]] = {}  # sandbox id -> (pid, start, pidfd)
+        # A runtime object dropped without close() (a test's, a bench's) frees them too.
+        weakref.finalize(self, _close_pidfds, self._fds)
 
     def alive(self, inits: Mapping[str, tuple[int, int]]) -> set[str]:
         """The ids of ``inits`` (sandbox id -> (init pid, init start time)) that live."""
@@ -262,6 +265,11 @@ class InitWatch:
 
     def close(self) -> None:
         with self._lock:
-            for _, _, fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            _close_pidfds(self._fds)
+
+
+def _close_pidfds(fds: dict[str, tuple[int, int, int]]) -> None:
+    for _, _, fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
