@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
+from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError, UnknownUser
@@ -213,7 +214,10 @@ class _Parts:
             chunk = next(self.body, None)
             if chunk is None:
                 return None
-            self.parser.write(chunk)
+            try:
+                self.parser.write(chunk)
+            except ParseError as exc:  # e.g. a part's headers over the parser's bound
+                raise FilesError(400, f"the multipart body is malformed: {exc}") from None
         return self.events.pop(0)
 
     def data(self) -> Iterator[bytes]:
