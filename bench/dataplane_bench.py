@@ -15,8 +15,10 @@ stdout and files >= 200 MB/s, memory growth <= 64 MiB, GET p99 under streams <= 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -92,7 +94,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=100)
     args = parser.parse_args()
     if args.sqlite:
-        db = f"sqlite:///{tempfile.mkdtemp(prefix='e2bb-')}/bench.sqlite3"
+        where = tempfile.mkdtemp(prefix="e2bb-")
+        atexit.register(shutil.rmtree, where, True)  # the database goes with the bench
+        db = f"sqlite:///{where}/bench.sqlite3"
     else:
         db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
     with live_server(db) as server:

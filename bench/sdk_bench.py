@@ -11,7 +11,9 @@ pause, connect (which resumes a paused sandbox), and kill. Target: create p50 <=
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -38,7 +40,9 @@ def main() -> None:
     parser.add_argument("--sqlite", action="store_true", help="SQLite instead of PostgreSQL")
     args = parser.parse_args()
     if args.sqlite:
-        db = f"sqlite:///{tempfile.mkdtemp(prefix='e2bb-')}/bench.sqlite3"
+        where = tempfile.mkdtemp(prefix="e2bb-")
+        atexit.register(shutil.rmtree, where, True)  # the database goes with the bench
+        db = f"sqlite:///{where}/bench.sqlite3"
     else:
         db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
     with live_server(db) as server:
