@@ -19,7 +19,7 @@ from e2bfacade.runtime.base import SandboxInfo, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import respond
-from sandboxes.dataplane.target import PORT_CLOSED, header, json_body
+from sandboxes.dataplane.target import PORT_CLOSED, cut_connection, header, json_body
 
 Scope = dict[str, Any]
 Receive = Any
@@ -155,9 +155,9 @@ async def forward(
         return
     if not complete and not client_gone.is_set():
         # Cut off mid-response (the sandbox was killed, its service died): the client must
-        # see a cut too, not a response that looks complete. Raising after the start makes
-        # the server drop the connection.
-        raise ConnectionAbortedError(f"the sandbox's port {port} closed in mid-response")
+        # see a cut too, not a response that looks complete, and the same one a stream of
+        # envd's gets (target.cut_connection).
+        cut_connection(scope, f"the sandbox's port {port} closed in mid-response")
     await send({"type": "http.response.body", "body": b""})
 
 

@@ -9,7 +9,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from e2bfacade.runtime.base import SandboxInfo
 
@@ -64,13 +64,20 @@ def cutting(scope: dict[str, Any], send: Any, state: Response) -> Any:
     async def guarded(message: dict[str, Any]) -> None:
         last = message["type"] == "http.response.body" and not message.get("more_body", False)
         if state.cut and (last or message["type"] == "http.response.trailers"):
-            reset = scope.get("extensions", {}).get("e2bfacade.reset")
-            if reset is not None:
-                reset()
-            raise ConnectionAbortedError("the sandbox ended while the stream was open")
+            cut_connection(scope, "the sandbox ended while the stream was open")
         await send(message)
 
     return guarded
+
+
+def cut_connection(scope: dict[str, Any], why: str) -> NoReturn:
+    """End a response already started as a dead sandbox ends one: a TCP reset (the data
+    plane server's ``e2bfacade.reset`` extension, server.H11Protocol), then an exception,
+    which makes any server drop the connection."""
+    reset = scope.get("extensions", {}).get("e2bfacade.reset")
+    if reset is not None:
+        reset()
+    raise ConnectionAbortedError(why)
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
