@@ -10,7 +10,7 @@ SANDBOX_ROOT under /tmp; needs root (the local runtime). Measures:
    interleaved; each sandbox is killed, untimed, right after), and the keyed overhead.
    Target: keyed median within 10 % of unkeyed.
 2. Replay latency: the same keyed request again over one keep-alive httpx connection.
-   Target: p50 and p99 at most 5 ms.
+   Target (issue 14): p50 at most 3 ms; printed beside the floor of any authenticated GET.
 3. 64 concurrent ``Sandbox.create`` with one key through the SDK: distinct ids (must be 1)
    and the time from release until every call returned. Target: at most 2 s.
 """
@@ -124,32 +124,33 @@ def main() -> int:
         with httpx.Client(base_url=server.url, headers={"X-API-Key": team.api_key}) as http:
             first = http.post("/v2/sandboxes", json=BODY, headers={"Idempotency-Key": key})
             assert first.status_code == 201, first.text
+            # The floor any authenticated request pays here (auth, one indexed read, DRF),
+            # to read the replay figure against: GET of the same sandbox, one of each in turn
+            # so that the machine's drift falls on both alike.
             replays: list[float] = []
+            floor: list[float] = []
+            sandbox_path = f"/sandboxes/{first.json()['sandboxID']}"
             for i in range(args.replays + 50):
                 t = time.perf_counter()
                 r = http.post("/v2/sandboxes", json=BODY, headers={"Idempotency-Key": key})
                 elapsed = time.perf_counter() - t
                 assert r.status_code == 201 and r.headers["Idempotent-Replayed"] == "true"
                 assert r.content == first.content
+                t = time.perf_counter()
+                g = http.get(sandbox_path)
+                floor_elapsed = time.perf_counter() - t
+                assert g.status_code == 200
                 if i >= 50:  # the first 50 warm every worker's connection
                     replays.append(elapsed)
-            # The floor any authenticated request pays here (auth, one indexed read, DRF),
-            # to read the replay figure against: GET of the same sandbox.
-            floor: list[float] = []
-            sandbox_path = f"/sandboxes/{first.json()['sandboxID']}"
-            for i in range(args.replays + 50):
-                t = time.perf_counter()
-                r = http.get(sandbox_path)
-                elapsed = time.perf_counter() - t
-                assert r.status_code == 200
-                if i >= 50:
-                    floor.append(elapsed)
+                    floor.append(floor_elapsed)
             http.delete(sandbox_path)
-        p50, p99 = statistics.median(replays), pct(replays, 99)
+        p50 = statistics.median(replays)
         print("\n[2] replay of a stored create (raw httpx, one keep-alive connection)")
         print("   ", summary("replay", replays))
         print("   ", summary("floor: GET /sandboxes/{id}", floor))
-        print(f"    target p50 and p99 <= 5 ms: {verdict(p50 <= 0.005 and p99 <= 0.005)}")
+        ratio = p50 / statistics.median(floor)
+        print(f"    replay / floor on the median: {ratio:.2f}")
+        print(f"    target p50 <= 3 ms (issue 14): {verdict(p50 <= 0.003)}")
 
         # 3. 64 concurrent same-key creates -------------------------------------------
         print(f"\n[3] {args.concurrency} concurrent Sandbox.create with one key (SDK threads)")

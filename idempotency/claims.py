@@ -29,10 +29,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
 from e2bfacade import observability
@@ -42,6 +43,8 @@ from e2bfacade.models import Team
 from idempotency import crypto
 from idempotency.fingerprint import CURRENT_VERSION
 from idempotency.leases import (
+    ADVISORY_NAMESPACE,
+    advisory_lock_key,
     advisory_try_lock,
     advisory_unlock,
     lease_expires_at,
@@ -101,7 +104,9 @@ def _new_record(
     owner: str,
     now: datetime,
 ) -> IdempotencyRecord:
-    return IdempotencyRecord.objects.create(
+    """Insert a new in-progress record owned by ``owner``, its advisory lock held: the lock
+    is taken before the record is visible to anyone else."""
+    record = IdempotencyRecord(
         team=team,
         key=key,
         route=op.route,
@@ -115,6 +120,31 @@ def _new_record(
         created_at=now,
         expires_at=now + timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS),
     )
+    _insert_locked(record)
+    return record
+
+
+def _insert_locked(record: IdempotencyRecord) -> None:
+    """Insert ``record`` and take its advisory lock. On PostgreSQL that is one statement:
+    the INSERT's RETURNING takes the lock on the id the row was given. The id is new, so
+    the lock is always free."""
+    if connection.vendor != "postgresql":
+        record.save(force_insert=True)
+        return
+    meta = IdempotencyRecord._meta
+    query = InsertQuery(IdempotencyRecord)
+    query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [record])
+    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+    pk = connection.ops.quote_name(cast(str, meta.pk.column))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{sql} RETURNING {pk}, pg_try_advisory_lock(%s + {pk})",
+            [*params, ADVISORY_NAMESPACE],
+        )
+        record.pk, locked = cursor.fetchone()
+    assert locked, "a new record's advisory lock was taken"
+    record._state.adding = False
+    record._state.db = connection.alias
 
 
 def key_claim(
@@ -221,7 +251,6 @@ def _claim_new(
     record. A deterministic refusal (unknown template, timeout too long) completes the
     record with that error."""
     observability.idempotency_event("executed")
-    advisory_try_lock(record.pk)
     if op.reserve is None:
         return Claim("execute", record)
     try:
@@ -259,17 +288,33 @@ def _store(record: IdempotencyRecord, result: Result, now: datetime) -> None:
 
 
 def _complete(record: IdempotencyRecord, owner: str, result: Result) -> bool:
-    """Store the outcome if we still own the lease. False: we lost it to a taker-over."""
-    updated = IdempotencyRecord.objects.filter(
+    """Store the outcome if we still own the lease. False: we lost it to a taker-over.
+
+    On PostgreSQL the same statement releases the advisory lock when it completes the
+    record: its RETURNING runs before the UPDATE commits, which is safe because whoever
+    could take the record over locks its row first (``_claim_existing``, the worker's
+    re-drive) and so waits for this commit, then finds the record completed. When the
+    UPDATE matches nothing the lock is still held, and ``claim_execute`` frees it."""
+    values: dict[str, Any] = {
+        "state": State.COMPLETED,
+        "response_status": result.status,
+        "response_content_type": result.content_type,
+        "response_body_encrypted": crypto.encrypt(result.body),
+        "completed_at": timezone.now(),
+    }
+    mine = IdempotencyRecord.objects.filter(
         pk=record.pk, lease_owner=owner, state=State.IN_PROGRESS
-    ).update(
-        state=State.COMPLETED,
-        response_status=result.status,
-        response_content_type=result.content_type,
-        response_body_encrypted=crypto.encrypt(result.body),
-        completed_at=timezone.now(),
     )
-    return bool(updated)
+    if connection.vendor != "postgresql":
+        return bool(mine.update(**values))
+    query = cast(UpdateQuery, mine.query.chain(UpdateQuery))
+    query.add_update_values(values)
+    sql, params = query.get_compiler(connection=connection).as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"{sql} RETURNING pg_advisory_unlock(%s)", [*params, advisory_lock_key(record.pk)]
+        )
+        return cursor.fetchone() is not None
 
 
 def _release(record: IdempotencyRecord, owner: str) -> None:
@@ -300,6 +345,7 @@ def claim_execute(
     """Run (or re-drive) a claimed request and complete its record. ``owner`` holds the
     claim; its advisory lock is released on the way out, whatever happens. ``reserved``:
     what a new claim's reserve returned (:attr:`Claim.reserved`)."""
+    completed = False
     try:
         failpoint("after_claim")
         try:
@@ -316,7 +362,8 @@ def claim_execute(
             _abandon_lease(record, owner)
             raise
         failpoint("before_complete")
-        if not _complete(record, owner, result):
+        completed = _complete(record, owner, result)
+        if not completed:
             # A taker-over owns the record now; it drove the same resource id, so its
             # stored answer (if already there) is the one every caller gets.
             fresh = IdempotencyRecord.objects.filter(pk=record.pk).first()
@@ -328,4 +375,5 @@ def claim_execute(
         failpoint("after_complete")
         return result
     finally:
-        advisory_unlock(record.pk)
+        if not (completed and connection.vendor == "postgresql"):  # else _complete freed it
+            advisory_unlock(record.pk)

@@ -113,7 +113,7 @@ def run(
         # The common repeat (a replay, or a wait for a live original) is answered from a
         # plain read: no transaction, no insert attempt. key_claim stays the arbiter of the
         # rest (no record yet, an expired one, a dead owner).
-        seen = IdempotencyRecord.objects.filter(team=team, key=key).first()
+        seen = IdempotencyRecord.objects.find(team.pk, key)
         if seen is not None and seen.expires_at > timezone.now():
             if not request_matches(seen, op, fp_for):
                 observability.idempotency_event("mismatch")

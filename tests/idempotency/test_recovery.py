@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxState
 from e2bfacade.runtime.local import LocalRuntime
+from idempotency import claims as idempotency_claims
 from idempotency import leases, maintenance
 from idempotency.models import IdempotencyRecord
 from sandboxes import worker as sandbox_worker
@@ -204,6 +205,37 @@ def test_no_outcome_leaves_an_advisory_lock_behind_on_the_connection(
     post(body, key)
     post(body, key)  # the replay
     assert advisory_locks_held_here() == before
+
+
+@postgres_only
+def test_the_owner_holds_the_advisory_lock_exactly_from_its_insert_to_its_completion(
+    post: PostFn,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+    other_connection: psycopg.Connection[Any],
+) -> None:
+    """The claim's INSERT takes the lock and the completing UPDATE frees it, each in the
+    statement itself: checked from another session, as a retry in another process would."""
+
+    def free_elsewhere() -> bool:
+        record = IdempotencyRecord.objects.get(key=key)
+        lock = leases.advisory_lock_key(record.pk)
+        (got,) = other_connection.execute("SELECT pg_try_advisory_lock(%s)", [lock]).fetchone()
+        if got:
+            other_connection.execute("SELECT pg_advisory_unlock(%s)", [lock])
+        return bool(got)
+
+    seen: dict[str, bool] = {}
+
+    def failpoint(name: str) -> None:
+        if name in ("after_claim", "before_complete", "after_complete"):
+            seen[name] = free_elsewhere()
+
+    monkeypatch.setattr(idempotency_claims, "failpoint", failpoint)
+    assert post(BODY, key).status_code == 201
+    assert seen == {"after_claim": False, "before_complete": False, "after_complete": True}
+    assert free_elsewhere()
+    assert advisory_locks_held_here() == 0
 
 
 # ------------------------------------------------------------------------------ release
