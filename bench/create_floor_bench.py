@@ -1,0 +1,125 @@
+"""``Sandbox.create`` through the SDK against its floor, side by side in one run (issue 14).
+
+    .venv/bin/python bench/create_floor_bench.py [--n 60] [--sqlite]
+
+The floor is what no control plane could avoid: the runtime's own create (namespaces,
+overlay, cgroups, the init and its agent, with spare launchers and pooled disks, as the
+server runs it), measured in this process on a runtime of its own, plus one bare HTTP round
+trip to the same server (``GET /health`` over a kept-alive connection). Each round makes
+one runtime create, one SDK create and one round trip, in turn, so the machine's drift
+falls on all three alike. "Cold" rounds wait 150 ms before each create (as interactive
+creates arrive: the kernel's cgroup lock is slow after a quiet gap); "back to back" rounds
+do not. Everything runs without networking (``SANDBOX_UPLINK=none``, here and in the
+server) so that the two creates make the same sandbox; ``network_bench.py`` measures what
+networking adds. Prints p50 / p99 of each and the SDK create over the floor on the medians.
+Target (issue 14): at most 3x, cold and back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["SANDBOX_UPLINK"] = "none"  # before the server starts: it inherits it
+
+import httpx  # noqa: E402
+from e2b import Sandbox  # noqa: E402
+
+from bench.runtime_bench import cleanup  # noqa: E402
+from bench.stats import percentile  # noqa: E402
+from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
+from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
+from tests.support.live_server import live_server  # noqa: E402
+
+COLD_GAP_S = 0.15
+TARGET = 3.0
+
+
+def rounds(
+    rt: LocalRuntime, http: httpx.Client, n: int, gap: float, tag: str
+) -> dict[str, list[float]]:
+    """``n`` rounds of runtime create, SDK create and a round trip; ms."""
+    out: dict[str, list[float]] = {"runtime create": [], "SDK create": [], "HTTP round trip": []}
+    for i in range(n):
+        time.sleep(gap)
+        t = time.perf_counter()
+        rt.create(SandboxSpec(f"{tag}{i}", "base"))
+        out["runtime create"].append((time.perf_counter() - t) * 1000)
+        time.sleep(gap)
+        t = time.perf_counter()
+        sandbox = Sandbox.create(timeout=120)
+        out["SDK create"].append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        assert http.get("/health").status_code == 200
+        out["HTTP round trip"].append((time.perf_counter() - t) * 1000)
+        sandbox.kill()  # untimed, as the runtime's kill below
+        rt.kill(f"{tag}{i}")
+        time.sleep(0.02 if gap == 0 else gap)  # let the spares refill
+    return out
+
+
+def report(name: str, side: dict[str, list[float]]) -> bool:
+    print(f"\n{name}")
+    for what, values in side.items():
+        print(
+            f"    {what:<18} p50 {statistics.median(values):7.2f} ms   "
+            f"p99 {percentile(values, 99):7.2f} ms"
+        )
+    floor = statistics.median(side["runtime create"]) + statistics.median(side["HTTP round trip"])
+    ratio = statistics.median(side["SDK create"]) / floor
+    ok = ratio <= TARGET
+    print(
+        f"    floor (runtime create + round trip) {floor:.2f} ms; SDK create / floor "
+        f"{ratio:.2f}x (target <= {TARGET:g}x: {'met' if ok else 'MISSED'})"
+    )
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=60, help="rounds of each kind (60)")
+    parser.add_argument("--sqlite", action="store_true", help="SQLite instead of PostgreSQL")
+    args = parser.parse_args()
+    if args.sqlite:
+        where = tempfile.mkdtemp(prefix="e2bb-")
+        atexit.register(shutil.rmtree, where, True)
+        db = f"sqlite:///{where}/bench.sqlite3"
+    else:
+        db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
+    rt = LocalRuntime(Path(tempfile.mkdtemp(prefix="e2bb-", dir="/tmp")))
+    try:
+        rt.ensure_base_image()
+        with live_server(db) as server, httpx.Client(base_url=server.url) as http:
+            os.environ["E2B_API_URL"] = server.url
+            os.environ["E2B_API_KEY"] = server.api_key
+            os.environ.pop("E2B_DEBUG", None)
+            for i in range(3):  # warm-up: the helper daemons, the base image, connections
+                rt.create(SandboxSpec(f"warm{i}", "base"))
+                rt.kill(f"warm{i}")
+                Sandbox.create(timeout=60).kill()
+                http.get("/health")
+            cold = rounds(rt, http, args.n, COLD_GAP_S, "cold")
+            b2b = rounds(rt, http, args.n, 0.0, "b2b")
+    finally:
+        cleanup(rt)
+    backend = "SQLite" if args.sqlite else "PostgreSQL"
+    print(
+        f"SDK create against its floor: {backend}, 4 gunicorn workers, no networking, "
+        f"{args.n} rounds of each kind, {os.cpu_count()} CPUs"
+    )
+    ok = report(f"cold ({COLD_GAP_S * 1000:.0f} ms before each create)", cold)
+    ok = report("back to back", b2b) and ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
