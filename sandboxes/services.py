@@ -153,6 +153,7 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                 envd_access_token=sandbox.envd_access_token,
                 network=network_policy(sandbox.allow_internet_access, sandbox.network),
                 traffic_access_token=sandbox.traffic_access_token or None,
+                warm_pool=template.warm_pool,
             )
         )
     except (CreateRefused, ImageNotFound, RuntimeUnavailable) as exc:

@@ -150,18 +150,22 @@ def sandbox_reconcile() -> dict[str, list[str]]:
 
 
 def sandbox_keep_warm() -> list[str]:
-    """Ask the runtime to keep its warm pool for every public template (the ones a team
-    cannot delete; code-interpreter-v1 among them): the runtime pools only those with a
-    start command. Returns the templates asked for."""
+    """Tell the runtime which warm pools to keep: one per template whose pool is not
+    empty (by default, each template with a start command, code-interpreter-v1 among them;
+    ``Template.warm_pool`` sets any template's). The runtime ends the idle pool sandboxes of
+    every other shape. Returns the templates whose image this host has."""
     runtime = get_runtime()
-    asked = []
-    for template in Template.objects.filter(team__isnull=True, kind=Template.Kind.TEMPLATE):
+    asked, specs = [], []
+    for template in Template.objects.filter(kind=Template.Kind.TEMPLATE).order_by("pk"):
+        if template.warm_pool == 0:
+            continue
         try:
-            if runtime.image_info(template.image_id).start is None:
-                continue
+            start = runtime.image_info(template.image_id).start
         except SandboxRuntimeError:
             continue  # its image is not built on this host
-        runtime.keep_warm(
+        if template.warm_pool is None and start is None:
+            continue
+        specs.append(
             SandboxSpec(
                 sandbox_id=f"shape-{template.template_id}",
                 image_id=template.image_id,
@@ -169,7 +173,9 @@ def sandbox_keep_warm() -> list[str]:
                 memory_mb=template.memory_mb,
                 pids_max=template.pids_max,
                 disk_mb=template.disk_size_mb,
+                warm_pool=template.warm_pool,
             )
         )
         asked.append(template.template_id)
+    runtime.warm_pools(specs)
     return asked

@@ -32,6 +32,7 @@ class TemplateAdmin(admin.ModelAdmin[Template]):
         "memory_mb",
         "disk_size_mb",
         "pids_max",
+        "warm_pool",
         "envd_version",
         "source_sandbox_id",
         "created_at",

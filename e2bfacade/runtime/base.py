@@ -159,6 +159,10 @@ class SandboxSpec:
     # Demanded of callers of the sandbox's ports other than envd's (E2B's
     # allowPublicTraffic false; None: its ports are public).
     traffic_access_token: str | None = None
+    # How many started sandboxes of this spec's shape a driver with a warm pool keeps
+    # ready for the creates after it (see keep_warm). None: the driver's default (the
+    # local runtime's: ``warm`` for an image with a start command, none otherwise).
+    warm_pool: int | None = None
 
 
 @dataclass(frozen=True)
@@ -502,10 +506,17 @@ class Runtime(Protocol):
     def metrics(self, sandbox_id: str) -> Metrics: ...
     def capacity(self) -> Capacity: ...
     def keep_warm(self, spec: SandboxSpec) -> None:
-        """Keep sandboxes of ``spec``'s shape (its image, CPUs, memory, processes, disk,
-        default user; not its id) started ahead, for a template with a start command: a
-        create of that shape takes one instead of waiting for the start command. A driver
-        without a pool does nothing. Pool sandboxes are no one's: never in :meth:`list`."""
+        """Keep ``spec.warm_pool`` sandboxes of ``spec``'s shape (its image, CPUs, memory,
+        processes, disk, default user; not its id) started ahead: a create of that shape
+        takes one instead of starting its own (and, for a template with a start command,
+        instead of waiting for it). A driver without a pool does nothing. Pool sandboxes
+        are no one's: never in :meth:`list`."""
+        ...
+
+    def warm_pools(self, specs: Iterable[SandboxSpec]) -> None:
+        """Keep the pools of ``specs`` (:meth:`keep_warm`, each) and no other: end the idle
+        pool sandboxes of every other shape, and those beyond a pool's size (a template
+        whose pool was turned off or made smaller, one deleted or changed since)."""
         ...
 
     def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:

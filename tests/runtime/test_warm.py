@@ -250,3 +250,68 @@ def test_discarding_the_pool_ends_its_sandboxes(rt: LocalRuntime) -> None:
     assert leftovers(rt, ready.name) == []
     assert not [p for p in os.listdir(rt.root / "sandboxes") if warm.is_warm(p)]
     rt.warm_target = 1
+
+
+# ------------------------------------------------------- a pool for any template (warm_pool)
+def base_spec(sid: str, **kw: object) -> SandboxSpec:
+    return SandboxSpec(sid, "base", memory_mb=320, **kw)  # type: ignore[arg-type]
+
+
+def base_pool(rt: LocalRuntime) -> list[Path]:
+    return warm.ready(rt.root / "sandboxes", warm.shape_key(base_spec("x"), rt._version))
+
+
+def test_a_template_without_a_start_command_gets_the_pool_it_asks_for(rt: LocalRuntime) -> None:
+    # By default a template without a start command has no pool...
+    sid = new_id()
+    rt.create(base_spec(sid))
+    time.sleep(0.3)
+    assert base_pool(rt) == []
+    rt.kill(sid)
+    # ... and with ``warm_pool`` it has that many.
+    rt.keep_warm(base_spec("shape", warm_pool=2))
+    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)
+    ready = base_pool(rt)[0]
+    pool_init = json.loads((ready / "state.json").read_text())["init_pid"]
+    assert not {p.name for p in base_pool(rt)} & {s.sandbox_id for s in rt.list()}
+
+    sid = new_id()
+    info = rt.create(
+        base_spec(sid, warm_pool=2, env_vars={"E2B_SANDBOX_ID": sid}, envd_access_token="tok")
+    )
+    assert info.init_pid == pool_init, "the create did not take the pool sandbox"
+    assert (info.sandbox_id, info.envd_access_token) == (sid, "tok")
+    assert leftovers(rt, ready.name) == []
+    assert ok(rt, sid, "hostname; echo $E2B_SANDBOX_ID") == f"{sid}\n{sid}\n"
+    assert not (rt.root / "sandboxes" / sid / warm.READY).exists()
+    assert rt.create(base_spec(sid, warm_pool=2)).init_pid == pool_init  # adopted, as ever
+    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)  # refilled behind it
+    rt.kill(sid)
+    assert leftovers(rt, sid) == []
+    for p in base_pool(rt):
+        rt.kill(p.name)
+
+
+def test_warm_pool_zero_turns_a_start_commands_pool_off(rt: LocalRuntime) -> None:
+    with rt._warming:  # no refill under way: end every pool sandbox, starting ones too
+        for name in rt.layout.sandbox_ids():
+            if warm.is_warm(name):
+                rt.kill(name)
+    sid = new_id()
+    rt.create(spec(sid, warm_pool=0))
+    time.sleep(0.5)  # the service alone takes 0.2 s: a refill would have begun
+    assert warm.count(rt.root / "sandboxes", warm.shape_key(spec("x"), rt._version)) == 0
+    rt.kill(sid)
+
+
+def test_warm_pools_keeps_the_pools_it_is_told_and_ends_every_other(rt: LocalRuntime) -> None:
+    two, one = base_spec("shape", warm_pool=2), base_spec("shape", warm_pool=1)
+    rt.warm_pools([two])
+    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)
+    rt.warm_pools([one])  # made smaller: the extra one ends
+    assert len(base_pool(rt)) == 1
+    rt.warm_pools([])  # turned off: none is left, and none is made again
+    assert base_pool(rt) == []
+    with rt._warming:
+        pass  # a refill under way has ended
+    assert warm.count(rt.root / "sandboxes", warm.shape_key(two, rt._version)) == 0

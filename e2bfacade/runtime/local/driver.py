@@ -174,8 +174,9 @@ class LocalRuntime:
             }
         self._pool_sizes: dict[int, None] = {DEFAULT_DISK_MB: None}  # most recent last
         self._refilling = threading.Lock()
-        # The warm pool (warm.py): per shape of a template with a start command, ``warm``
-        # sandboxes already started; the shapes this process has seen, most recent last.
+        # The warm pool (warm.py): per shape, sandboxes already started (``_pool_size``);
+        # ``warm`` is the default for an image with a start command, and 0 turns every
+        # pool off. The shapes this process has seen, most recent last.
         self.warm_target = warm if self.cgroups.version == 1 else 0
         self._warm_shapes: dict[str, SandboxSpec] = {}
         self._warming = threading.Lock()
@@ -290,8 +291,13 @@ class LocalRuntime:
             chain = self.images.chain(spec.image_id)  # ImageNotFound before anything is made
             start = start_of(chain)
             key = warm.shape_key(spec, self._version)
+            pooled = False
+            if not warm.is_warm(spec.sandbox_id):
+                pooled = self._pool_size(spec, start) > 0
+                if not pooled:
+                    self._warm_shapes.pop(key, None)  # a pool turned off: refill it no more
             try:
-                if start is not None and not warm.is_warm(spec.sandbox_id):
+                if pooled:
                     claimed = self._claim_warm(spec, key, start)
                     if claimed is not None:
                         self.keep_warm(spec)  # its replacement
@@ -299,6 +305,7 @@ class LocalRuntime:
                 info = self._start(spec, chain, key if warm.is_warm(spec.sandbox_id) else None)
                 if start is not None:
                     self._run_start(spec.sandbox_id, start)
+                if pooled:
                     self.keep_warm(spec)
                 return info
             except BaseException as exc:
@@ -437,13 +444,22 @@ class LocalRuntime:
         finally:
             proc.close()
 
+    def _pool_size(self, spec: SandboxSpec, start: StartCommand | dict[str, Any] | None) -> int:
+        """How many pool sandboxes ``spec``'s shape keeps: the spec's own ``warm_pool``, or
+        else ``warm`` for an image with a start command (``start``) and none for another;
+        none at all when ``warm`` is 0 (``SANDBOX_WARM_POOL=0``, cgroup v2, a pool being
+        discarded)."""
+        if not self.warm_target:
+            return 0
+        if spec.warm_pool is not None:
+            return max(0, min(spec.warm_pool, warm.MAX_PER_SHAPE))
+        return self.warm_target if start else 0
+
     def _claim_warm(
-        self, spec: SandboxSpec, key: str, start: StartCommand
+        self, spec: SandboxSpec, key: str, start: StartCommand | None
     ) -> LocalSandboxInfo | None:
         """Take a ready pool sandbox of the create's shape as ``spec.sandbox_id`` (warm.py);
         None when there is none. Caller holds the id's lock; the id has no directory."""
-        if not self.warm_target:
-            return None
         d = self.layout.sandbox_dir(spec.sandbox_id)
         for pool_dir in warm.ready(self.root / "sandboxes", key):
             # Its lock keeps the sweep off it while it moves (a lock stripe it shares with
@@ -462,14 +478,14 @@ class LocalRuntime:
         return None
 
     def _adopt_warm(
-        self, spec: SandboxSpec, pool_id: str, start: StartCommand
+        self, spec: SandboxSpec, pool_id: str, start: StartCommand | None
     ) -> LocalSandboxInfo | None:
         d = self.layout.sandbox_dir(spec.sandbox_id)
         state: dict[str, Any] = json.loads((d / "state.json").read_text())
         if self._info(state).state is not SandboxState.RUNNING:
             return None
         pid, init_start = int(state["init_pid"]), int(state["init_start"])
-        if start.ready_port is not None:
+        if start is not None and start.ready_port is not None:
             try:  # its service may have died while it waited (killed, out of memory)
                 netns.connect(pid, init_start, start.ready_port, 1.0).close()
             except GuestFileError:
@@ -488,12 +504,14 @@ class LocalRuntime:
             memory_mb=spec.memory_mb,
             pids_max=spec.pids_max,
         )
-        # Where its start command reads the sandbox's env vars (E2B_ENV_FILE): it was
-        # started before they were known.
-        env = json.dumps(dict(spec.env_vars)).encode()
-        with GuestFiles(pid, init_start, "root", int(state["id_base"])) as files:
-            files.make_dir(os.path.dirname(GUEST_ENV_FILE))
-            files.write(GUEST_ENV_FILE, [env])
+        if start is not None:
+            # Where its start command reads the sandbox's env vars (E2B_ENV_FILE): it was
+            # started before they were known. (Every other process gets them from the
+            # state written below.)
+            env = json.dumps(dict(spec.env_vars)).encode()
+            with GuestFiles(pid, init_start, "root", int(state["id_base"])) as files:
+                files.make_dir(os.path.dirname(GUEST_ENV_FILE))
+                files.write(GUEST_ENV_FILE, [env])
         (d / warm.READY).unlink(missing_ok=True)
         state.pop("warm", None)
         state.pop("warm_version", None)
@@ -509,17 +527,17 @@ class LocalRuntime:
         return self._info(state)
 
     def keep_warm(self, spec: SandboxSpec) -> None:
-        """Keep ``warm`` pool sandboxes of ``spec``'s shape ready (a background refill; at
-        most one per process, one per shape across processes). Only images with a start
-        command have a pool; this process remembers the four most recent shapes."""
-        if not self.warm_target or warm.is_warm(spec.sandbox_id):
+        """Keep ``_pool_size`` pool sandboxes of ``spec``'s shape ready (a background
+        refill; at most one per process, one per shape across processes). By default only
+        an image with a start command has a pool (a template's own: a snapshot of one gets
+        none); ``spec.warm_pool`` sets it for any. This process remembers the
+        ``warm.SHAPES_REMEMBERED`` most recent shapes."""
+        if warm.is_warm(spec.sandbox_id) or not self._pool_size(spec, self._start_of(spec)):
             return
-        if not self.images.read(spec.image_id).get("start"):
-            return  # a template's own start command; a snapshot of one gets no pool
         key = warm.shape_key(spec, self._version)
         self._warm_shapes.pop(key, None)
         self._warm_shapes[key] = spec
-        while len(self._warm_shapes) > 4:
+        while len(self._warm_shapes) > warm.SHAPES_REMEMBERED:
             del self._warm_shapes[next(iter(self._warm_shapes))]
         if not self._warming.acquire(blocking=False):
             return
@@ -540,7 +558,8 @@ class LocalRuntime:
             with self.layout.locked("warm", key, blocking=False) as got:
                 if not got:
                     continue  # another process fills this shape
-                if warm.count(self.root / "sandboxes", key) >= self.warm_target:
+                target = self._pool_size(shape, self._start_of(shape))
+                if warm.count(self.root / "sandboxes", key) >= target:
                     continue
                 pool_id = warm.new_id()
                 try:
@@ -564,6 +583,30 @@ class LocalRuntime:
                     continue
                 made = True
         return made
+
+    def warm_pools(self, specs: Iterable[SandboxSpec]) -> None:
+        """Keep the pools of ``specs`` and end every other idle pool sandbox (Runtime)."""
+        wanted: dict[str, int] = {}
+        for spec in specs:
+            size = self._pool_size(spec, self._start_of(spec))
+            key = warm.shape_key(spec, self._version)
+            if size > wanted.get(key, 0):
+                wanted[key] = size
+                self.keep_warm(spec)
+        for key in [k for k in self._warm_shapes if k not in wanted]:
+            self._warm_shapes.pop(key, None)  # this process refills it no more
+        for key, ready in warm.ready_by_shape(self.root / "sandboxes").items():
+            for pool_dir in ready[wanted.get(key, 0) :]:
+                # Under its lock, and only if it is still there: a create that took it
+                # renamed it under that lock, and its groups still carry this name.
+                with self.layout.locked("sandbox", pool_dir.name, blocking=False) as got:
+                    if got and (pool_dir / warm.READY).exists():
+                        self._destroy(pool_dir.name)
+
+    def _start_of(self, spec: SandboxSpec) -> dict[str, Any] | None:
+        """The image's start command as stored (None: it has none, or is gone)."""
+        start: dict[str, Any] | None = self.images.read_or_empty(spec.image_id).get("start")
+        return start
 
     def discard_warm(self) -> None:
         """Stop filling the warm pool and end its sandboxes (a runtime being torn down)."""

@@ -1,5 +1,7 @@
-"""The warm pool: sandboxes of a template with a start command, started ahead of time so
-that a create takes one whose service is already up instead of waiting for it.
+"""The warm pool: sandboxes started ahead of time, so that a create takes one instead of
+starting its own, and, for a template with a start command, one whose service is already
+up instead of waiting for it. By default only templates with a start command have a pool
+(``SANDBOX_WARM_POOL`` each); a template's ``warm_pool`` sets its own size, any template.
 
 A pool sandbox is an ordinary sandbox named ``warm-<token>``, made for one *shape* (image,
 CPUs, memory, processes, disk, default user): its ``state.json`` carries ``"warm": <shape
@@ -34,6 +36,8 @@ from e2bfacade.runtime.base import SandboxSpec
 
 PREFIX = "warm-"
 READY = "warm.ready"
+MAX_PER_SHAPE = 16  # pool sandboxes of one shape, whatever a template asks for
+SHAPES_REMEMBERED = 16  # shapes a process refills (most recent); older ones only drain
 
 
 def new_id() -> str:
@@ -74,6 +78,23 @@ def ready(sandboxes: Path, key: str) -> list[Path]:
         if state.get("warm") == key:
             found.append((made, Path(entry.path)))
     return [p for _, p in sorted(found)]
+
+
+def ready_by_shape(sandboxes: Path) -> dict[str, list[Path]]:
+    """Every ready pool sandbox, by shape key, oldest first (one directory walk)."""
+    found: dict[str, list[tuple[float, Path]]] = {}
+    for entry in os.scandir(sandboxes):
+        if not is_warm(entry.name):
+            continue
+        try:
+            with open(os.path.join(entry.path, "state.json")) as f:
+                key = json.load(f).get("warm")
+            made = os.stat(os.path.join(entry.path, READY)).st_mtime
+        except (OSError, ValueError):
+            continue  # starting, being claimed or removed
+        if isinstance(key, str):
+            found.setdefault(key, []).append((made, Path(entry.path)))
+    return {key: [p for _, p in sorted(paths)] for key, paths in found.items()}
 
 
 def count(sandboxes: Path, key: str) -> int:
