@@ -2,12 +2,14 @@
 # Every figure of the README's "Performance" section, measured again in one run: each bench
 # with the arguments its table names, one after the other (they share the machine, so
 # never two at once), the output of each under a heading. Needs root and PostgreSQL (as
-# scripts/test.sh starts it); about 25 minutes, the 10-minute soak left out (run it with
+# scripts/test.sh starts it); about 20 minutes, the 10-minute soak left out (run it with
 # `python bench/soak.py --seconds 600`).
 #
 #   bash bench/figures.sh [OUT]      # OUT defaults to bench/figures-<date>.txt
 #
-# The README's tables are transcribed from such a file; each names the command it came from.
+# Then it rewrites the README's table of issue 14's targets from the FIGURE lines of OUT
+# (bench/readme_table.py); the other tables are transcribed from such a file, each naming
+# the command it came from.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-bench/figures-$(date -u +%Y%m%d-%H%M).txt}"
@@ -15,11 +17,14 @@ python=.venv/bin/python
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/e2bfacade}"
 
 benches=(
+    "bench/create_floor_bench.py --n 60"
+    "bench/create_floor_bench.py --n 60 --sqlite"
     "bench/runtime_bench.py --n 100 --idle 20"
     "bench/network_bench.py --n 150 --cycles 1000"
     "bench/sdk_bench.py --n 60"
     "bench/sdk_bench.py --sqlite"
     "bench/idempotency_bench.py -n 100"
+    "bench/idempotency_bench.py -n 100 --sqlite"
     "bench/hotpath_bench.py --n 200 --rounds 3"
     "bench/list_bench.py --n 60"
     "bench/reconcile_bench.py --sandboxes 1000 --ticks 20"
@@ -42,3 +47,4 @@ for bench in "${benches[@]}"; do
     fi
 done
 printf '\nfigures written to %s\n' "$out"
+"$python" bench/readme_table.py "$out"

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 from e2b import Sandbox  # noqa: E402
 
+from bench.stats import figure  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 BODY = {"templateID": "base", "timeout": 300}
@@ -114,6 +115,10 @@ def main() -> int:
             print("   ", summary(variant, values))
         unkeyed, keyed = (statistics.median(timings[v]) for v in ("unkeyed", "keyed"))
         overhead = (keyed - unkeyed) / unkeyed * 100
+        db = "sqlite" if args.sqlite else "pg"
+        figure(f"{db}.keyed.ratio", keyed / unkeyed)
+        figure(f"{db}.keyed.unkeyed_p50", unkeyed * 1000)
+        figure(f"{db}.keyed.keyed_p50", keyed * 1000)
         print(
             f"    keyed overhead on the median: {overhead:+.1f} %  (target <= 10 %) "
             f"{verdict(overhead <= 10)}"
@@ -149,6 +154,8 @@ def main() -> int:
         print("   ", summary("replay", replays))
         print("   ", summary("floor: GET /sandboxes/{id}", floor))
         ratio = p50 / statistics.median(floor)
+        figure(f"{db}.replay.p50", p50 * 1000)
+        figure(f"{db}.replay.floor_p50", statistics.median(floor) * 1000)
         print(f"    replay / floor on the median: {ratio:.2f}")
         print(f"    target p50 <= 3 ms (issue 14): {verdict(p50 <= 0.003)}")
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from bench.stats import percentile  # noqa: E402
+from bench.stats import figure, percentile  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 INDEX = (
@@ -84,6 +84,7 @@ def main() -> None:
                     answer = client.get("/v2/sandboxes", params={"limit": 100})
                     timings[kind].append((time.perf_counter() - t) * 1000)
                     assert answer.status_code == 200 and len(answer.json()) == 100, answer.text
+            figure(f"pg.list.v2_{live}.p50", statistics.median(timings["with"]))
             for kind, ms in timings.items():
                 print(
                     f"{count:<16}{kind:<10}{statistics.median(ms):>8.2f}{percentile(ms, 99):>8.2f}"
@@ -99,6 +100,7 @@ def main() -> None:
                 assert answer.status_code == 200 and len(answer.json()) == running
             print(f"{'':<16}{'v1 list (all ' + str(running) + ' running)':<34}", end="")
             print(f"{statistics.median(v1):>8.2f}{percentile(v1, 99):>8.2f}")
+            figure(f"pg.list.v1_{live}.p50", statistics.median(v1))
         with dep.db() as conn:
             conn.execute(INDEX)
 

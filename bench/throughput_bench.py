@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from bench.stats import percentile  # noqa: E402
+from bench.stats import figure, percentile  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 MAX_CREATES = 20_000
@@ -112,6 +112,8 @@ def main() -> None:
         for clients in counts:
             rate, latencies, left = run(server.url, team.api_key, clients, args.seconds, args.kill)
             p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+            figure(f"pg.throughput.{clients}.rate", rate)
+            figure(f"pg.throughput.{clients}.p99", p99)
             print(
                 f"  {clients:>2} clients: {rate:7.1f} creates/s   p50 {p50:7.1f} ms"
                 f"   p99 {p99:7.1f} ms   (n={len(latencies)})"

@@ -1,0 +1,160 @@
+"""Write the README's table of issue 14's targets from a ``bench/figures.sh`` run.
+
+    .venv/bin/python bench/readme_table.py bench/figures-<date>.txt [README.md]
+
+Reads the ``FIGURE <name> <value>`` lines the benches print (``bench/stats.figure``) and
+replaces what stands between the README's ``<!-- figures:begin`` and ``<!-- figures:end -->``
+markers. A figure a run lacks (its bench failed, or was not run) is written as such, never
+carried over from an older run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+BEGIN = "<!-- figures:begin"
+END = "<!-- figures:end -->"
+
+Figures = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    # (figures, "pg" | "sqlite") -> (what to print, met?) or None when a figure is missing
+    measure: Callable[[Figures, str], tuple[str, bool] | None]
+    backends: tuple[str, ...] = ("pg", "sqlite")
+
+
+def _get(f: Figures, *names: str) -> list[float] | None:
+    values = [f.get(n) for n in names]
+    return None if any(v is None for v in values) else [v for v in values if v is not None]
+
+
+def _ratio(kind: str) -> Callable[[Figures, str], tuple[str, bool] | None]:
+    def measure(f: Figures, db: str) -> tuple[str, bool] | None:
+        got = _get(f, f"{db}.create.{kind}.ratio", f"{db}.create.{kind}.sdk_p50",
+                   f"{db}.create.{kind}.floor")  # fmt: skip
+        if got is None:
+            return None
+        ratio, sdk, floor = got
+        return f"{ratio:.2f}× ({sdk:.1f} ÷ {floor:.1f} ms)", ratio <= 3.0
+
+    return measure
+
+
+def _keyed(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.keyed.ratio", f"{db}.keyed.keyed_p50", f"{db}.keyed.unkeyed_p50")
+    if got is None:
+        return None
+    ratio, keyed, unkeyed = got
+    return f"{ratio:.3f} ({keyed:.1f} ÷ {unkeyed:.1f} ms)", ratio <= 1.10
+
+
+def _replay(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.replay.p50", f"{db}.replay.floor_p50")
+    if got is None:
+        return None
+    p50, floor = got
+    return f"{p50:.2f} ms (any authenticated GET: {floor:.2f} ms)", p50 <= 3.0
+
+
+def _v2_list(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.list.v2_10000.p50", f"{db}.list.v2_100.p50")
+    if got is None:
+        return None
+    big, small = got
+    return f"{big / small:.2f}× ({big:.2f} ÷ {small:.2f} ms)", big / small <= 1.5
+
+
+def _v1_list(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.list.v1_10000.p50")
+    return None if got is None else (f"{got[0]:.1f} ms", got[0] <= 50)
+
+
+def _throughput(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.throughput.32.rate", f"{db}.throughput.32.p99")
+    if got is None:
+        return None
+    rate, p99 = got
+    return f"{rate:.1f}/s, p99 {p99:.0f} ms", rate >= 1.5 * 125 and p99 <= 150
+
+
+def _reconcile(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.reconcile.1000.tick_p50")
+    return None if got is None else (f"{got[0]:.1f} ms", got[0] <= 20)
+
+
+def _pool(f: Figures, db: str) -> tuple[str, bool] | None:
+    got = _get(f, f"{db}.create.pool_cold.sdk_p50", f"{db}.create.pool_b2b.sdk_p50")
+    if got is None:
+        return None
+    cold, b2b = got
+    return f"{cold:.1f} ms cold, {b2b:.1f} ms back to back", max(cold, b2b) <= 8.0
+
+
+ROWS = [
+    Row("SDK create ÷ its floor, cold: ≤ 3×", _ratio("cold")),
+    Row("SDK create ÷ its floor, back to back: ≤ 3×", _ratio("b2b")),
+    Row("keyed ÷ unkeyed SDK create: ≤ 1.10", _keyed),
+    Row("replay of a keyed create, p50: ≤ 3 ms", _replay),
+    Row("`GET /v2/sandboxes?limit=100`, 10 000 live ÷ 100 live: ≤ 1.5×", _v2_list, ("pg",)),
+    Row("v1 list at 10 000 live (8 572 running), p50: ≤ 50 ms", _v1_list, ("pg",)),
+    Row("keyed creates at 32 clients: ≥ 187.5/s, p99 ≤ 150 ms", _throughput, ("pg",)),
+    Row("reconcile tick at 1 000 sandboxes, p50: ≤ 20 ms", _reconcile),
+    Row("SDK create with a warm pool, p50: ≤ 8 ms", _pool),
+]
+
+
+def parse(text: str) -> Figures:
+    figures: Figures = {}
+    for match in re.finditer(r"^FIGURE (\S+) (\S+)$", text, re.MULTILINE):
+        figures[match.group(1)] = float(match.group(2))
+    return figures
+
+
+def table(figures: Figures, source: str) -> str:
+    lines = [
+        f"{BEGIN} (written by bench/readme_table.py from {source}; do not edit) -->",
+        "| issue 14's target | PostgreSQL | SQLite | |",
+        "|---|---|---|---|",
+    ]
+    for row in ROWS:
+        cells, verdict = [], ""
+        for db in ("pg", "sqlite"):
+            if db not in row.backends:
+                cells.append("(PostgreSQL only)")
+                continue
+            got = row.measure(figures, db)
+            if got is None:
+                cells.append("not measured in this run")
+                continue
+            cells.append(got[0])
+            if db == "pg":
+                verdict = "✔" if got[1] else "✘"
+        lines.append(f"| {row.target} | {cells[0]} | {cells[1]} | {verdict} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    source = Path(sys.argv[1])
+    readme = Path(sys.argv[2]) if len(sys.argv) == 3 else Path(__file__).parents[1] / "README.md"
+    text = readme.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        sys.exit(f"{readme} has no {BEGIN} ... {END} markers")
+    new = text[:start] + table(parse(source.read_text()), source.name) + text[end + len(END) :]
+    readme.write_text(new)
+    print(f"{readme}: the figures table now holds {source}'s figures")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
