@@ -220,7 +220,9 @@ def test_the_owner_holds_the_advisory_lock_exactly_from_its_insert_to_its_comple
     def free_elsewhere() -> bool:
         record = IdempotencyRecord.objects.get(key=key)
         lock = leases.advisory_lock_key(record.pk)
-        (got,) = other_connection.execute("SELECT pg_try_advisory_lock(%s)", [lock]).fetchone()
+        row = other_connection.execute("SELECT pg_try_advisory_lock(%s)", [lock]).fetchone()
+        assert row is not None
+        got = row[0]
         if got:
             other_connection.execute("SELECT pg_advisory_unlock(%s)", [lock])
         return bool(got)
