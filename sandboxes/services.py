@@ -91,9 +91,7 @@ def sandbox_reserve(
     # one — in pk order, so concurrent creates lock them alike). The lock holds until our
     # sandbox row is committed: template_delete takes it too, so it either sees this
     # sandbox or runs before we resolve.
-    template = (
-        Template.objects.select_for_update().order_by("pk").resolve(team.pk, request.template_ref)
-    )
+    template = Template.objects.resolve_locked(team.pk, request.template_ref)
     if template is None:
         raise NotFound(f"template '{request.template_ref}' not found")
     sandbox_admit(team=team, template=template)

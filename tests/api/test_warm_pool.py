@@ -35,14 +35,14 @@ def test_a_templates_warm_pool_serves_its_creates_exactly_once(
     assert api_client.get("/v2/sandboxes").json() == []  # no one's sandbox
 
     key = {"HTTP_IDEMPOTENCY_KEY": f"pool-{uuid.uuid4().hex}"}
-    created = api_client.post("/v2/sandboxes", BODY, format="json", **key)
+    created = api_client.post("/v2/sandboxes", BODY, format="json", **key)  # type: ignore[arg-type]
     assert created.status_code == 201, created.content
     sid = created.json()["sandboxID"]
     info = runtime.status(sid)
     assert info.init_pid == pool_init, "the create did not take the pool sandbox"
     assert ok(runtime, sid, "hostname; echo $FROM $E2B_SANDBOX_ID") == f"{sid}\nthe-create {sid}\n"
     assert info.envd_access_token == created.json()["envdAccessToken"]
-    again = api_client.post("/v2/sandboxes", BODY, format="json", **key)
+    again = api_client.post("/v2/sandboxes", BODY, format="json", **key)  # type: ignore[arg-type]
     assert again.content == created.content and again["Idempotent-Replayed"] == "true"
     assert [s["sandboxID"] for s in api_client.get("/v2/sandboxes").json()] == [sid]
     assert wait_until(lambda: len(ready(runtime)) == 1, timeout=30)  # refilled behind it
