@@ -19,9 +19,7 @@ pool of 2 for the base template (``Template.warm_pool``): target p50 at most 8 m
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -37,7 +35,7 @@ import httpx  # noqa: E402
 from e2b import Sandbox  # noqa: E402
 
 from bench.runtime_bench import cleanup  # noqa: E402
-from bench.stats import figure, percentile  # noqa: E402
+from bench.stats import database_url, figure, percentile  # noqa: E402
 from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
 from e2bfacade.runtime.local import LocalRuntime, warm  # noqa: E402
 from tests.support.live_server import live_server, manage  # noqa: E402
@@ -111,12 +109,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=60, help="rounds of each kind (60)")
     parser.add_argument("--sqlite", action="store_true", help="SQLite instead of PostgreSQL")
     args = parser.parse_args()
-    if args.sqlite:
-        where = tempfile.mkdtemp(prefix="e2bb-")
-        atexit.register(shutil.rmtree, where, True)
-        db = f"sqlite:///{where}/bench.sqlite3"
-    else:
-        db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
+    db = database_url(args.sqlite)
     rt = LocalRuntime(Path(tempfile.mkdtemp(prefix="e2bb-", dir="/tmp")))
     try:
         rt.ensure_base_image()

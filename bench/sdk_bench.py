@@ -11,12 +11,9 @@ pause, connect (which resumes a paused sandbox), and kill. Target: create p50 <=
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from e2b import Sandbox  # noqa: E402
 
+from bench.stats import database_url  # noqa: E402
 from tests.support.live_server import live_server  # noqa: E402
 
 
@@ -39,12 +37,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100, help="iterations (default 100)")
     parser.add_argument("--sqlite", action="store_true", help="SQLite instead of PostgreSQL")
     args = parser.parse_args()
-    if args.sqlite:
-        where = tempfile.mkdtemp(prefix="e2bb-")
-        atexit.register(shutil.rmtree, where, True)  # the database goes with the bench
-        db = f"sqlite:///{where}/bench.sqlite3"
-    else:
-        db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
+    db = database_url(args.sqlite)
     with live_server(db) as server:
         os.environ["E2B_API_URL"] = server.url
         os.environ["E2B_API_KEY"] = server.api_key
