@@ -111,6 +111,11 @@ class Cgroups:
         """The hierarchies' root groups: always allowed to hold a process."""
         raise NotImplementedError
 
+    def clone_into(self, sandbox_id: str) -> str | None:
+        """The group a sandbox is created in with ``CLONE_INTO_CGROUP`` (cgroup v2), or None
+        where that cannot be (v1: the creator joins ``procs_files`` and leaves again)."""
+        return None
+
     def exists(self, sandbox_id: str) -> bool:
         raise NotImplementedError
 
@@ -330,6 +335,9 @@ class CgroupsV2(Cgroups):
 
     def procs_files(self, sandbox_id: str) -> list[str]:
         return [str(self._dir(sandbox_id) / "cgroup.procs")]
+
+    def clone_into(self, sandbox_id: str) -> str | None:
+        return str(self._dir(sandbox_id))
 
     def root_procs_files(self) -> list[str]:
         return [str(self.root.parent / "cgroup.procs")]

@@ -367,10 +367,16 @@ class LocalRuntime:
             *(f"bind={b}:{b}" for b in binds),
             *(link.request() if link is not None else ()),
         ]
-        joins = [
-            *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
-            *(f"leave={p}" for p in self.cgroups.root_procs_files()),
-        ]
+        # v2: born in its group (CLONE_INTO_CGROUP); v1: the launcher joins and leaves.
+        into = self.cgroups.clone_into(spec.sandbox_id)
+        joins = (
+            [f"cgroupdir={into}"]
+            if into is not None
+            else [
+                *(f"cgroup={p}" for p in self.cgroups.procs_files(spec.sandbox_id)),
+                *(f"leave={p}" for p in self.cgroups.root_procs_files()),
+            ]
+        )
         pid = None
         if launcher is not None:
             pid = self._spare_create(spec.sandbox_id, launcher, request)

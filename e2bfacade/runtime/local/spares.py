@@ -22,8 +22,9 @@ sandbox's groups, then leaves them). A spare pays it while nobody waits:
 A dead spare (a host reboot, a killed daemon) costs nothing but speed: connecting to its
 socket fails and the create falls back to the launcher that joins the groups itself.
 
-cgroup v2 cannot rename groups; there, ``CLONE_INTO_CGROUP`` is the way to the same end,
-and not built yet, so spares are used on v1 only.
+cgroup v2 cannot rename groups, so spares are used on v1 only; on v2 the same end is
+reached without them: sandboxd creates each sandbox in its group with ``CLONE_INTO_CGROUP``
+(``Cgroups.clone_into``), and nothing migrates.
 """
 
 from __future__ import annotations
