@@ -34,7 +34,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models.sql import InsertQuery
+from django.db.models import Field
 from django.utils import timezone
 
 from e2bfacade import observability
@@ -132,20 +132,30 @@ def _insert_locked(record: IdempotencyRecord) -> None:
     if connection.vendor != "postgresql":
         record.save(force_insert=True)
         return
-    meta = IdempotencyRecord._meta
-    query = InsertQuery(IdempotencyRecord)
-    query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [record])
-    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
-    pk = connection.ops.quote_name(cast(str, meta.pk.column))
+    sql, fields = _insert_sql()
+    values = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"{sql} RETURNING {pk}, pg_try_advisory_lock(%s + {pk})",
-            [*params, ADVISORY_NAMESPACE],
-        )
+        cursor.execute(sql, [*values, ADVISORY_NAMESPACE])
         record.pk, locked = cursor.fetchone()
     assert locked, "a new record's advisory lock was taken"
     record._state.adding = False
     record._state.db = connection.alias
+
+
+@functools.cache
+def _insert_sql() -> tuple[str, list[Field[Any, Any]]]:
+    """PostgreSQL's INSERT of a new record, built once from the model (as the completing
+    UPDATE is, ``_complete_sql``), and the fields whose values it takes, in order."""
+    meta = IdempotencyRecord._meta
+    qn = connection.ops.quote_name
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    pk = qn(cast(str, meta.pk.column))
+    return (
+        f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(cast(str, f.column)) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"RETURNING {pk}, pg_try_advisory_lock(%s + {pk})",
+        fields,
+    )
 
 
 def key_claim(
