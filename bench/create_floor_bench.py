@@ -5,7 +5,8 @@
 The floor is what no control plane could avoid: the runtime's own create (namespaces,
 overlay, cgroups, the init and its agent, with spare launchers and pooled disks, as the
 server runs it), measured in this process on a runtime of its own, plus one bare HTTP round
-trip to the same server (``GET /health`` over a kept-alive connection). Each round makes
+trip to the same server (``GET /health``; gunicorn's sync workers close every connection,
+so it includes its TCP connect, as every request to this server does). Each round makes
 one runtime create, one SDK create and one round trip, in turn, so the machine's drift
 falls on all three alike. "Cold" rounds wait 150 ms before each create (as interactive
 creates arrive: the kernel's cgroup lock is slow after a quiet gap); "back to back" rounds

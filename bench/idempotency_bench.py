@@ -9,7 +9,8 @@ SANDBOX_ROOT under /tmp; needs root (the local runtime). Measures:
 1. ``Sandbox.create`` through the E2B SDK with and without ``idempotency_key`` (N each,
    interleaved; each sandbox is killed, untimed, right after), and the keyed overhead.
    Target: keyed median within 10 % of unkeyed.
-2. Replay latency: the same keyed request again over one keep-alive httpx connection.
+2. Replay latency: the same keyed request again from one httpx client (gunicorn's sync
+   workers close each connection, so every request connects anew, as with any client).
    Target (issue 14): p50 at most 3 ms; printed beside the floor of any authenticated GET.
 3. 64 concurrent ``Sandbox.create`` with one key through the SDK: distinct ids (must be 1)
    and the time from release until every call returned. Target: at most 2 s.
@@ -150,7 +151,7 @@ def main() -> int:
                     floor.append(floor_elapsed)
             http.delete(sandbox_path)
         p50 = statistics.median(replays)
-        print("\n[2] replay of a stored create (raw httpx, one keep-alive connection)")
+        print("\n[2] replay of a stored create (raw httpx, one client)")
         print("   ", summary("replay", replays))
         print("   ", summary("floor: GET /sandboxes/{id}", floor))
         ratio = p50 / statistics.median(floor)

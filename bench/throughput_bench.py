@@ -5,7 +5,8 @@
 Starts a deployment (a fresh PostgreSQL database on DATABASE_URL's server, a fresh
 SANDBOX_ROOT; needs root) and one server with 4 workers. For each client count, that many
 threads each repeat, for ``--seconds``: a keyed ``POST /sandboxes`` (a new
-Idempotency-Key each time, raw HTTP over one kept-alive connection per client); with
+Idempotency-Key each time, raw HTTP from one httpx client per client thread; gunicorn's
+sync workers close each connection, so every request connects anew); with
 ``--kill``, each client then kills its sandbox before the next create. The sandboxes
 made are killed, untimed, after each client count. Prints the keyed creates per second
 (completed creates / wall time) and the creates' p50 and p99. Bounded: at most
