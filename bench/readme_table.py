@@ -1,16 +1,18 @@
-"""Write the README's table of issue 14's targets from a ``bench/figures.sh`` run.
+"""Write the README's table of issue 14's targets from ``bench/figures.sh`` runs.
 
-    .venv/bin/python bench/readme_table.py bench/figures-<date>.txt [README.md]
+    .venv/bin/python bench/readme_table.py RUN.txt [RUN.txt ...] [--readme README.md]
 
-Reads the ``FIGURE <name> <value>`` lines the benches print (``bench/stats.figure``) and
-replaces what stands between the README's ``<!-- figures:begin`` and ``<!-- figures:end -->``
-markers. A figure a run lacks (its bench failed, or was not run) is written as such, never
-carried over from an older run.
+Reads the ``FIGURE <name> <value>`` lines the benches print (``bench/stats.figure``), takes
+each figure's median over the runs given, and replaces what stands between the README's
+``<!-- figures:begin`` and ``<!-- figures:end -->`` markers. A figure no run has (its bench
+failed, or was not run) is written as such, never carried over from an older table.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,11 +112,13 @@ ROWS = [
 ]
 
 
-def parse(text: str) -> Figures:
-    figures: Figures = {}
-    for match in re.finditer(r"^FIGURE (\S+) (\S+)$", text, re.MULTILINE):
-        figures[match.group(1)] = float(match.group(2))
-    return figures
+def parse(*texts: str) -> Figures:
+    """Each figure's median over the runs ``texts`` that have it."""
+    seen: dict[str, list[float]] = {}
+    for text in texts:
+        for match in re.finditer(r"^FIGURE (\S+) (\S+)$", text, re.MULTILINE):
+            seen.setdefault(match.group(1), []).append(float(match.group(2)))
+    return {name: statistics.median(values) for name, values in seen.items()}
 
 
 def table(figures: Figures, source: str) -> str:
@@ -142,17 +146,19 @@ def table(figures: Figures, source: str) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__)
-    source = Path(sys.argv[1])
-    readme = Path(sys.argv[2]) if len(sys.argv) == 3 else Path(__file__).parents[1] / "README.md"
-    text = readme.read_text()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="figures.sh output files")
+    parser.add_argument("--readme", type=Path, default=Path(__file__).parents[1] / "README.md")
+    args = parser.parse_args()
+    text = args.readme.read_text()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        sys.exit(f"{readme} has no {BEGIN} ... {END} markers")
-    new = text[:start] + table(parse(source.read_text()), source.name) + text[end + len(END) :]
-    readme.write_text(new)
-    print(f"{readme}: the figures table now holds {source}'s figures")
+        sys.exit(f"{args.readme} has no {BEGIN} ... {END} markers")
+    names = [run.name for run in args.runs]
+    source = names[0] if len(names) == 1 else f"the median of {len(names)} runs: {', '.join(names)}"
+    figures = parse(*(run.read_text() for run in args.runs))
+    args.readme.write_text(text[:start] + table(figures, source) + text[end + len(END) :])
+    print(f"{args.readme}: the figures table now holds {source}")
     return 0
 
 

@@ -46,9 +46,18 @@ def test_the_table_holds_the_runs_figures_and_says_which_are_missing(
     assert "17.0 ms" in rows["reconcile tick at 1 000 sandboxes, p50: ≤ 20 ms"]
     assert "(PostgreSQL only)" in rows["v1 list at 10 000 live (8 572 running), p50: ≤ 50 ms"]
 
-    monkeypatch.setattr(sys, "argv", ["readme_table.py", str(run), str(readme)])
+    monkeypatch.setattr(sys, "argv", ["readme_table.py", str(run), "--readme", str(readme)])
     assert readme_table.main() == 0
     written = readme.read_text()
     assert written.startswith("before\n<!-- figures:begin (written by bench/readme_table.py")
     assert written.endswith("<!-- figures:end -->\nafter\n")
     assert "stale" not in written and written.count("figures:begin") == 1
+
+
+def test_several_runs_give_each_figure_its_median() -> None:
+    runs = [f"FIGURE pg.reconcile.1000.tick_p50 {v}\n" for v in ("17", "25", "19")]
+    runs.append("FIGURE sqlite.reconcile.1000.tick_p50 30\n")  # a run with another figure
+    figures = readme_table.parse(*runs)
+    assert figures == {"pg.reconcile.1000.tick_p50": 19.0, "sqlite.reconcile.1000.tick_p50": 30.0}
+    row = next(r for r in readme_table.table(figures, "x").splitlines() if "reconcile" in r)
+    assert "19.0 ms" in row and "30.0 ms" in row and row.endswith("| ✔ |")
