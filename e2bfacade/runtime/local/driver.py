@@ -293,7 +293,7 @@ class LocalRuntime:
             key = warm.shape_key(spec, self._version)
             pooled = False
             if not warm.is_warm(spec.sandbox_id):
-                pooled = self._pool_size(spec, start) > 0
+                pooled = self._pool_size(spec, start is not None) > 0
                 if not pooled:
                     self._warm_shapes.pop(key, None)  # a pool turned off: refill it no more
             try:
@@ -450,16 +450,16 @@ class LocalRuntime:
         finally:
             proc.close()
 
-    def _pool_size(self, spec: SandboxSpec, start: StartCommand | dict[str, Any] | None) -> int:
+    def _pool_size(self, spec: SandboxSpec, has_start: bool) -> int:
         """How many pool sandboxes ``spec``'s shape keeps: the spec's own ``warm_pool``, or
-        else ``warm`` for an image with a start command (``start``) and none for another;
+        else ``warm`` for an image with a start command (``has_start``) and none for another;
         none at all when ``warm`` is 0 (``SANDBOX_WARM_POOL=0``, cgroup v2, a pool being
         discarded)."""
         if not self.warm_target:
             return 0
         if spec.warm_pool is not None:
             return max(0, min(spec.warm_pool, warm.MAX_PER_SHAPE))
-        return self.warm_target if start else 0
+        return self.warm_target if has_start else 0
 
     def _claim_warm(
         self, spec: SandboxSpec, key: str, start: StartCommand | None
@@ -538,7 +538,7 @@ class LocalRuntime:
         an image with a start command has a pool (a template's own: a snapshot of one gets
         none); ``spec.warm_pool`` sets it for any. This process remembers the
         ``warm.SHAPES_REMEMBERED`` most recent shapes."""
-        if warm.is_warm(spec.sandbox_id) or not self._pool_size(spec, self._start_of(spec)):
+        if warm.is_warm(spec.sandbox_id) or not self._pool_size(spec, self._has_start(spec)):
             return
         key = warm.shape_key(spec, self._version)
         self._warm_shapes.pop(key, None)
@@ -564,7 +564,7 @@ class LocalRuntime:
             with self.layout.locked("warm", key, blocking=False) as got:
                 if not got:
                     continue  # another process fills this shape
-                target = self._pool_size(shape, self._start_of(shape))
+                target = self._pool_size(shape, self._has_start(shape))
                 if warm.count(self.root / "sandboxes", key) >= target:
                     continue
                 pool_id = warm.new_id()
@@ -594,7 +594,7 @@ class LocalRuntime:
         """Keep the pools of ``specs`` and end every other idle pool sandbox (Runtime)."""
         wanted: dict[str, int] = {}
         for spec in specs:
-            size = self._pool_size(spec, self._start_of(spec))
+            size = self._pool_size(spec, self._has_start(spec))
             key = warm.shape_key(spec, self._version)
             if size > wanted.get(key, 0):
                 wanted[key] = size
@@ -609,10 +609,10 @@ class LocalRuntime:
                     if got and (pool_dir / warm.READY).exists():
                         self._destroy(pool_dir.name)
 
-    def _start_of(self, spec: SandboxSpec) -> dict[str, Any] | None:
-        """The image's start command as stored (None: it has none, or is gone)."""
-        start: dict[str, Any] | None = self.images.read_or_empty(spec.image_id).get("start")
-        return start
+    def _has_start(self, spec: SandboxSpec) -> bool:
+        """Whether the image itself has a start command (not one it inherits: a snapshot of
+        such a template has none of its own; an image that is gone has none)."""
+        return bool(self.images.read_or_empty(spec.image_id).get("start"))
 
     def discard_warm(self) -> None:
         """Stop filling the warm pool and end its sandboxes (a runtime being torn down)."""

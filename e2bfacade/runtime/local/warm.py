@@ -65,19 +65,7 @@ def shape_key(spec: SandboxSpec, version: str) -> str:
 
 def ready(sandboxes: Path, key: str) -> list[Path]:
     """The ready pool sandboxes of ``key``, oldest first."""
-    found = []
-    for entry in os.scandir(sandboxes):
-        if not is_warm(entry.name):
-            continue
-        try:
-            with open(os.path.join(entry.path, "state.json")) as f:
-                state = json.load(f)
-            made = os.stat(os.path.join(entry.path, READY)).st_mtime
-        except (OSError, ValueError):
-            continue  # starting, being claimed or removed
-        if state.get("warm") == key:
-            found.append((made, Path(entry.path)))
-    return [p for _, p in sorted(found)]
+    return ready_by_shape(sandboxes).get(key, [])
 
 
 def ready_by_shape(sandboxes: Path) -> dict[str, list[Path]]:
