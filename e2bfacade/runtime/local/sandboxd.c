@@ -427,6 +427,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * path the guest never sees (it is outside the root we pivot into). */
     int agent_fd = agent_listen("agent.sock");
     if (agent_fd < 0) fail("agent", "listen: %s", strerror(errno));
+    /* The daemon's umask (077, for its own sockets) ends here: the guest's init, its agent
+     * and every command get a machine's usual 022, as envd's do. */
+    umask(022);
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* Mount points for the layers, in memory: nothing to make or clean up on the disk. */
@@ -452,8 +455,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * around the missing CAP_MKNOD. */
     snprintf(opts + off, sizeof opts - off,
              ",upperdir=disk/upper,workdir=disk/work,userxattr,redirect_dir=nofollow,index=off,metacopy=off");
-    /* The sandbox's directory as the mount's source: the host can tell its mounts apart. */
-    mount_or_fail(r->dir, "rootfs", "overlay", MS_NODEV, opts);
+    /* The source is what the guest's mountinfo and df show: a plain name, never a host
+     * path. (The host tells a sandbox's mounts apart by its disk, mounted at its directory.) */
+    mount_or_fail("overlay", "rootfs", "overlay", MS_NODEV, opts);
     if (chdir("rootfs") != 0) fail("chdir", "rootfs: %s", strerror(errno));
 
     for (int i = 0; i < r->nbinds; i++) {

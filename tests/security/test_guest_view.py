@@ -1,0 +1,57 @@
+"""What a guest sees of its machine: its own, never the host's. No host path in its mounts,
+a machine's usual umask, and /proc's machine-wide files (boot id, memory, load, uptime,
+CPUs) of its own sandbox, as an E2B microVM shows its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2bfacade.runtime.base import SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
+from tests.runtime.helpers import cgroup_pids, cmdline, ok, wait_until
+
+
+def _umask(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return line.split()[1]
+    raise AssertionError(f"no Umask line for {pid}")
+
+
+def test_the_guests_init_agent_and_commands_have_umask_0022(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    info = runtime.create(SandboxSpec(sandbox_id, "base"))
+
+    def agents() -> list[int]:
+        return [p for p in cgroup_pids(runtime, sandbox_id) if cmdline(p)[:1] == [b"e2b-agent"]]
+
+    assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
+    agent = agents()
+    assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
+    assert ok(runtime, sandbox_id, "umask").strip() == "0022"
+    assert ok(runtime, sandbox_id, "umask", user="user").strip() == "0022"
+    # What root makes, user can read (and list), as on any machine.
+    ok(runtime, sandbox_id, "echo made-by-root > /tmp/by-root; mkdir /tmp/dir-by-root")
+    assert ok(runtime, sandbox_id, "stat -c %a /tmp/by-root /tmp/dir-by-root").split() == [
+        "644",
+        "755",
+    ]
+    listing = ok(runtime, sandbox_id, "cat /tmp/by-root; ls -a /tmp/dir-by-root", user="user")
+    assert listing.split() == ["made-by-root", ".", ".."]
+
+
+def test_no_host_path_shows_in_the_guests_mounts_or_df(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    seen = ok(
+        runtime,
+        sandbox_id,
+        "cat /proc/self/mountinfo /proc/mounts /proc/1/mountinfo /proc/self/mountstats; "
+        "df -P / /usr /tmp /dev /proc",
+    )
+    assert str(runtime.root) not in seen
+    assert "sandboxes/" not in seen
+    root_line = ok(runtime, sandbox_id, "df -P / | tail -1").split()
+    assert root_line[0] == "overlay" and root_line[-1] == "/"
