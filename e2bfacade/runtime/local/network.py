@@ -252,11 +252,16 @@ def wanted_rules(claim: roots.RootClaim) -> list[list[str]]:
     ]
 
 
+def table_exists(name: str) -> bool:
+    wanted = {"family": "inet", "name": name}
+    return any(
+        wanted.items() <= item.get("table", {}).items() for item in shared().json("list tables")
+    )
+
+
 def installed(claim: roots.RootClaim) -> bool:
     """Whether the kernel holds anything of ``claim``: its table or any of its rules."""
-    tables = shared().json("list tables")
-    wanted = {"family": "inet", "name": claim.table}
-    if any(wanted.items() <= item.get("table", {}).items() for item in tables):
+    if table_exists(claim.table):
         return True
     lines = _ip("rule", "show", check=False).splitlines()
     return any(
