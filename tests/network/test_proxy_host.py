@@ -29,11 +29,15 @@ def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
 
+def own_address() -> str:
+    return f"198.51.100.{1 + os.getpid() % 254}"
+
+
 @contextlib.contextmanager
 def host_address() -> Iterator[str]:
     """An address the host has for a while: on a veth pair of its own in the host's
-    namespace (203.0.113.100-199: the test internet's addresses are below)."""
-    address = f"203.0.113.{100 + os.getpid() % 100}"
+    namespace (in 198.51.100.0/24, which the test internet does not use)."""
+    address = own_address()
     link = f"e2bth{os.getpid() % 100000:05d}"
     _run("ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p")
     try:
@@ -130,7 +134,7 @@ def test_the_proxy_refuses_to_dial_an_address_the_moment_the_host_has_it(
     proxy = EgressProxy(net_runtime.root)
     # Anything goes, but the never-reachable.
     record: dict[str, Any] = {"domains": [], "allow": [], "deny": []}
-    address = f"203.0.113.{100 + os.getpid() % 100}"
+    address = own_address()
     try:
         assert proxy.decide(record, None, address) == address  # not the host's yet
         with host_address() as gained:
