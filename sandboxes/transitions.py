@@ -24,11 +24,13 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
     CreateRefused,
     LimitExceeded,
+    PauseMode,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxNotFound,
     SandboxRuntimeError,
 )
+from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,30 @@ def not_found(sandbox_id: str) -> NotFound:
     return NotFound(f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
 
 
+def this_host() -> str:
+    """The host this process's runtime holds sandboxes on (``Runtime.host_id``)."""
+    return get_runtime().host_id
+
+
+def on_another_host(sandbox: Sandbox, host: str) -> ApiError:
+    """What a call about a sandbox another host holds answers: the truth, never an outcome
+    this host cannot bring about (placing requests by host is not done yet)."""
+    return ServiceUnavailable(
+        f"sandbox {sandbox.sandbox_id} is held by host {sandbox.host}, not by this one "
+        f"({host}): send the request to that host's API",
+        error_code="sandbox_on_another_host",
+        headers={"Should-Retry": "false"},
+    )
+
+
+def check_host(sandbox: Sandbox, host: str | None = None) -> None:
+    """Raise unless this host holds ``sandbox`` (a row without a host predates hosts: the
+    one host there was)."""
+    host = host or this_host()
+    if sandbox.host and sandbox.host != host:
+        raise on_another_host(sandbox, host)
+
+
 def runtime_error(exc: Exception) -> ApiError:
     """A runtime failure as an API error with a message a human can act on."""
     if isinstance(exc, RuntimeUnavailable):
@@ -116,6 +142,7 @@ def transition_claim(
     transitional state is waited out for up to :data:`TRANSITION_WAIT_SECONDS`, then 409.
     """
     deadline = time.monotonic() + (TRANSITION_WAIT_SECONDS if wait else 0)
+    host = this_host()  # the runtime is built, if need be, outside the transaction
     while True:
         now = timezone.now()
         with transaction.atomic():
@@ -130,6 +157,7 @@ def transition_claim(
             )
             if row is None:
                 raise not_found(sandbox_id)
+            check_host(row, host)
             previous = row.state
             if previous == State.KILLING:
                 raise Conflict(f"sandbox {sandbox_id} is being killed")
@@ -143,6 +171,12 @@ def transition_claim(
         if time.monotonic() >= deadline:
             raise Conflict(f"sandbox {sandbox_id} is {previous}; try again shortly")
         time.sleep(0.02)
+
+
+def paused_fields(mode: PauseMode | None, reason: str | None = None) -> dict[str, object]:
+    """The row's fields for a pause that kept ``mode`` (None: the runtime did not say, as
+    a freeze), and why when nobody asked for it."""
+    return {"pause_mode": str(mode or PauseMode.FULL), "state_reason": reason or ""}
 
 
 def transition_finish(
@@ -161,12 +195,17 @@ def transition_finish(
 
 
 def transition_act(
-    sandbox: Sandbox, claimed: str, rollback_to: str, fn: Callable[..., object], *args: object
+    sandbox: Sandbox,
+    claimed: str,
+    rollback_to: str,
+    fn: Callable[..., object],
+    *args: object,
+    **kwargs: object,
 ) -> None:
     """Run a runtime operation for a claimed transition; on failure restore the previous
     state (the runtime's operations are all-or-nothing) and raise an API error."""
     try:
-        fn(*args)
+        fn(*args, **kwargs)
     except SandboxNotFound as exc:
         # It died under us: record that and answer as E2B does for a missing sandbox.
         transition_finish(sandbox, claimed, State.KILLED, killed_at=timezone.now())
