@@ -430,8 +430,8 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     network = serializers.SerializerMethodField()
     lifecycle = LifecycleSerializer(source="*")
     pauseMode = serializers.SerializerMethodField()
-    # Not E2B's: why the sandbox is in its state when nobody asked for it (its processes
-    # ended under it, so it was kept paused with its files). Absent otherwise.
+    # Not E2B's (the SDKs ignore it): why the sandbox is paused when nobody asked for it (its
+    # processes ended under it, so it was kept with its files); null otherwise.
     pauseReason = serializers.SerializerMethodField()
 
     @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
@@ -449,15 +449,9 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     def get_pauseMode(self, obj: Sandbox) -> str:
         return obj.pause_mode or Sandbox.PauseMode.FULL  # what its latest pause kept
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(NULLABLE_STRING)
     def get_pauseReason(self, obj: Sandbox) -> str | None:
-        return obj.state_reason or None if obj.wire_state == "paused" else None
-
-    def to_representation(self, instance: Sandbox) -> dict[str, Any]:
-        data = super().to_representation(instance)
-        if data.get("pauseReason") is None:
-            data.pop("pauseReason", None)
-        return data
+        return (obj.state_reason or None) if obj.wire_state == "paused" else None
 
 
 class MetricSerializer(serializers.Serializer[dict[str, Any]]):
