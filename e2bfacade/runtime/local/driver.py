@@ -154,8 +154,6 @@ class LocalRuntime:
         self.disk_pool = DiskPool(self.layout, spares)
         # Networking (network.py): given, or as the root was last configured (a restart, a
         # second process on the same root); none: sandboxes have their own loopback only.
-        if network is not None:
-            save_config(self.layout, network)
         config = network or load_config(self.layout)
         self.network: SandboxNetwork | None = None
         if config is not None:
@@ -168,6 +166,8 @@ class LocalRuntime:
                 # As last configured, but its uplink is gone: this process can still release
                 # rules and kill; new sandboxes get links with no way out (fail closed).
                 log.warning("sandbox networking is not set up", exc_info=True)
+            if network is not None:  # set up: from now on the root's (a refused one is not)
+                save_config(self.layout, network)
             self.capabilities = self.capabilities | {
                 Capability.INTERNET_ACCESS,
                 Capability.NETWORK_RULES,
