@@ -78,7 +78,6 @@ from e2bfacade.runtime.local.processes import (
 )
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import (
-    ID_FIRST_BASE,
     ID_RANGE,
     InitWatch,
     Layout,
@@ -117,6 +116,7 @@ class LocalRuntime:
         spares: int = 2,
         network: NetworkConfig | None = None,
         warm: int = 0,
+        claim_ids: bool = True,  # False: this runtime takes no host ids (state.Layout)
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -130,7 +130,7 @@ class LocalRuntime:
             raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
         self.root = root
         self.snapshot_max_bytes = snapshot_max_bytes
-        self.layout = Layout(root)
+        self.layout = Layout(root, claim_ids=claim_ids)
         self._init_watch = InitWatch()
         self.images = ImageStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
@@ -340,7 +340,7 @@ class LocalRuntime:
         link = None
         if self.network is not None:
             # Rules first, then the link: the guest never has a moment of unfiltered egress.
-            slot = (id_base - ID_FIRST_BASE) // ID_RANGE
+            slot = (id_base - self.layout.id_block_base) // ID_RANGE
             self.network.apply(slot, spec.sandbox_id, spec.network)
             link = self.network.link(slot)
             self._write_resolv_conf(d, id_base)
