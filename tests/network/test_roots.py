@@ -28,7 +28,7 @@ from e2bfacade.runtime.base import (
     run_process,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.network import NetworkConfig, digest_of
+from e2bfacade.runtime.local.network import NetworkConfig, digest_of, load_config
 from tests.network.conftest import (
     REPO,
     curl,
@@ -120,6 +120,33 @@ def test_a_root_whose_range_another_root_holds_refuses_to_start_naming_it(
     assert f"e2bfacade_{digest_of(root)[:8]}" not in _tables()
     sid = make_sandbox(allow_internet=True)
     assert curl(net_runtime, sid, "http://203.0.113.10/")[0] == 0
+
+
+def test_a_refused_network_configuration_is_not_kept_as_the_roots_own(
+    net_runtime: LocalRuntime, roots_made: list[LocalRuntime]
+) -> None:
+    first = net_runtime.network
+    assert first is not None
+    refused_config = dataclasses.replace(first.config, proxy_port=unique_port())
+    root = Path(tempfile.mkdtemp(prefix="e2bt-", dir="/tmp"))
+    try:
+        with pytest.raises(RuntimeUnavailable):
+            roots_made.append(LocalRuntime(root, network=refused_config))
+        # A restart as last configured (no configuration given, as the egress proxy and
+        # teardown_root do) finds none, so sets up no networking and meets no overlap.
+        restarted = LocalRuntime(root, spares=0)
+        roots_made.append(restarted)
+        assert load_config(restarted.layout) is None
+        assert restarted.network is None
+        # Corrected, the root starts, and that configuration is the one kept.
+        corrected = dataclasses.replace(refused_config, cidr=unique_cidr())
+        fixed = LocalRuntime(root, spares=0, network=corrected)
+        roots_made.append(fixed)
+        assert fixed.network is not None
+        assert load_config(fixed.layout) == corrected
+    finally:
+        if not roots_made:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_two_roots_run_side_by_side_each_with_its_own_egress_proxy_on_loopback(

@@ -90,7 +90,6 @@ from e2bfacade.runtime.local.processes import (
 )
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import (
-    ID_FIRST_BASE,
     ID_RANGE,
     InitWatch,
     Layout,
@@ -136,6 +135,7 @@ class LocalRuntime:
         spares: int = 2,
         network: NetworkConfig | None = None,
         warm: int = 0,
+        claim_ids: bool = True,  # False: this runtime takes no host ids (state.Layout)
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -149,7 +149,7 @@ class LocalRuntime:
             raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
         self.root = root
         self.snapshot_max_bytes = snapshot_max_bytes
-        self.layout = Layout(root)
+        self.layout = Layout(root, claim_ids=claim_ids)
         self.host_id = _host_id(root)
         self._init_watch = InitWatch()
         self.images = ImageStore(self.layout)
@@ -174,8 +174,6 @@ class LocalRuntime:
         self.disk_pool = DiskPool(self.layout, spares)
         # Networking (network.py): given, or as the root was last configured (a restart, a
         # second process on the same root); none: sandboxes have their own loopback only.
-        if network is not None:
-            save_config(self.layout, network)
         config = network or load_config(self.layout)
         self.network: SandboxNetwork | None = None
         if config is not None:
@@ -188,6 +186,8 @@ class LocalRuntime:
                 # As last configured, but its uplink is gone: this process can still release
                 # rules and kill; new sandboxes get links with no way out (fail closed).
                 log.warning("sandbox networking is not set up", exc_info=True)
+            if network is not None:  # set up: from now on the root's (a refused one is not)
+                save_config(self.layout, network)
             self.capabilities = self.capabilities | {
                 Capability.INTERNET_ACCESS,
                 Capability.NETWORK_RULES,
@@ -424,7 +424,7 @@ class LocalRuntime:
         link = None
         if self.network is not None and state.get("network") is not None:
             # Rules first, then the link: the guest never has a moment of unfiltered egress.
-            slot = (id_base - ID_FIRST_BASE) // ID_RANGE
+            slot = (id_base - self.layout.id_block_base) // ID_RANGE
             self.network.apply(slot, spec.sandbox_id, spec.network)
             link = self.network.link(slot)
         # A launcher already in groups that become the sandbox's (spares.py), or one that

@@ -121,7 +121,7 @@ class EgressProxy:
     the root's runtime last saved it, once there is one)."""
 
     def __init__(self, root: Path, config: NetworkConfig | None = None) -> None:
-        layout = Layout(root)
+        layout = Layout(root, claim_ids=False)  # the proxy starts no sandboxes
         while config is None:  # written by the service's first runtime, in a moment
             config = load_config(layout)
             if config is None:

@@ -22,6 +22,19 @@ digest (a hash of its path, as its cgroups); the routing preferences, tables and
 a *number* the registry gives the root — the digest's own (the same as a root registered
 alone always had) unless another root holds it or one next to it; the egress port is the
 configured one, or the first free one from ``DEFAULT_PROXY_PORT``.
+
+Host ids are claimed here too, by every root (with networking or not): each root's
+sandboxes run as host ids of a *block* of its own (state.py: 4096 ranges of 65536 ids),
+so two roots' sandboxes never run as the same host uid (one could signal, trace or read
+the other's files as its own). What they guard is files, not kernel state, so these
+claims are kept where a reboot does not empty them (``ID_REGISTRY``, with its own lock),
+one file per root; the root records its block itself (``ids/block.json``) and keeps it
+for its life. A root with no record takes the first free block (block 0 last), unless it
+has sandboxes already: made before roots had blocks, they are owned by block 0, which it
+claims. A block another root holds is refused, naming that root. A claim stands while
+its root records that block and has sandboxes or a process that has the root open
+(state.Layout holds a lock of the root shared); else the next claimer drops it. 2^32 ids
+hold only ``ID_BLOCKS`` (15) blocks above the first 2^20: past them a root is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -38,9 +52,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2bfacade.runtime.local.state import write_json
+from e2bfacade.runtime.local.state import (
+    ID_BLOCK,
+    ID_BLOCKS,
+    ID_RANGE,
+    ID_SLOTS,
+    block_base,
+    block_in_use,
+    holds_sandboxes,
+    record_block,
+    recorded_block,
+    write_json,
+)
 
 REGISTRY = Path("/run/e2bfacade/roots")
+# Beside, not under, SANDBOX_ROOT's default (/var/lib/e2bfacade): no root's own directory.
+ID_REGISTRY = Path("/var/lib/e2bfacade-roots/id-blocks")
 DEFAULT_PROXY_PORT = 49990
 PROXY_PORTS_TRIED = 1000
 NUMBERS = 10000  # routing tables 20000 + n and 30000 + n, preferences 20000 + n - 1 .. + 1
@@ -258,3 +285,132 @@ def _bindable(port: int) -> bool:
                 return False
             raise
     return True
+
+
+# ------------------------------------------------------------------------------ host ids
+@dataclass(frozen=True)
+class IdClaim:
+    """The block of host ids one runtime root holds."""
+
+    root: str
+    block: int
+
+    @property
+    def first_id(self) -> int:
+        return block_base(self.block)
+
+    @property
+    def last_id(self) -> int:
+        return self.first_id + ID_BLOCK - 1
+
+    def describe(self) -> str:
+        return f"host ids {self.first_id}..{self.last_id} (block {self.block})"
+
+
+def _id_key(root: Path) -> str:
+    """The registry file's name for ``root``: long enough that two paths never meet."""
+    return hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]
+
+
+def id_claims(registry: Path = ID_REGISTRY) -> dict[str, IdClaim]:
+    """Every registered block claim, by registry key."""
+    found = {}
+    with contextlib.suppress(FileNotFoundError):
+        for path in sorted(registry.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                found[path.stem] = IdClaim(root=str(data["root"]), block=int(data["block"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def id_claim_stands(claim: IdClaim) -> bool:
+    """Whether ``claim``'s root still holds its block: it records that block, and has
+    sandboxes or a process that has it open."""
+    root = Path(claim.root)
+    try:
+        if recorded_block(root) != claim.block:
+            return False  # the root is gone, or moved to another block while empty
+    except (ValueError, OSError):
+        return True  # cannot tell: its sandboxes may be owned by the block
+    return holds_sandboxes(root) or block_in_use(root)
+
+
+def claim_ids(root: Path, *, registry: Path = ID_REGISTRY) -> IdClaim:
+    """Register (or renew) the block of host ids of ``root`` and record it in the root;
+    the caller holds :func:`locked` of ``registry`` (and the root's block lock shared,
+    state.Layout). Raises :class:`RootConflict` naming the root in the way when another
+    root holds the block this root's sandboxes are owned by, or when every block is held.
+    Claims that no longer stand are dropped."""
+    key = _id_key(root)
+    try:
+        recorded = recorded_block(root)
+    except ValueError as exc:
+        raise RootConflict(f"{exc}; restore it, or tear the root down") from None
+    busy = holds_sandboxes(root)
+    registered = id_claims(registry)
+    held: dict[int, tuple[Path, IdClaim]] = {}  # block -> (its claim's file, the claim)
+    for other_key, other in registered.items():
+        if other_key == key:
+            continue
+        if id_claim_stands(other):
+            held.setdefault(other.block, (registry / f"{other_key}.json", other))
+        else:
+            (registry / f"{other_key}.json").unlink(missing_ok=True)
+    # Sandboxes made before roots had blocks run as (and own files of) block 0's ids.
+    wanted = recorded if recorded is not None else (0 if busy else None)
+    if wanted is not None and wanted in held:
+        if busy:
+            raise RootConflict(_block_held(root, recorded is None, *held[wanted]))
+        wanted = None  # nothing of this root is owned by it yet: it may take another
+    if wanted is None:
+        # Block 0 last: it is the one a root made before blocks, not restarted yet, needs.
+        free = [b for b in (*range(1, ID_BLOCKS), 0) if b not in held]
+        if not free:
+            raise RootConflict(_blocks_exhausted(root, held))
+        wanted = free[0]
+    made = IdClaim(str(root), wanted)
+    # The claim before the record: a crash between them leaves a claim its root does not
+    # record, which the next claimer drops.
+    if registered.get(key) != made:
+        write_json(registry / f"{key}.json", {"root": made.root, "block": made.block})
+    if recorded != wanted:
+        record_block(root, wanted)
+    return made
+
+
+def find_ids(root: Path, registry: Path = ID_REGISTRY) -> IdClaim | None:
+    """The block claim registered for ``root``, or None."""
+    return id_claims(registry).get(_id_key(root))
+
+
+def release_ids(root: Path, registry: Path = ID_REGISTRY) -> None:
+    """Drop the root's block claim once it no longer stands (:func:`id_claim_stands`: no
+    sandbox of the root is left, and no process has it open); else keep it."""
+    with locked(registry):
+        claim = find_ids(root, registry)
+        if claim is not None and not id_claim_stands(claim):
+            (registry / f"{_id_key(root)}.json").unlink(missing_ok=True)
+
+
+def _block_held(root: Path, legacy: bool, where: Path, other: IdClaim) -> str:
+    whose = "its sandboxes"
+    if legacy:
+        whose += ", made before each root had host ids of its own,"
+    return (
+        f"the runtime root {root} cannot start: {whose} run as {other.describe()}, which the "
+        f"runtime root {other.root} holds (registered in {where}); the two roots' sandboxes "
+        "would run as the same host uids. Tear one of the two down (SANDBOX_ROOT=<root> "
+        "python manage.py teardown_root)"
+    )
+
+
+def _blocks_exhausted(root: Path, held: dict[int, tuple[Path, IdClaim]]) -> str:
+    listed = ", ".join(f"{c.root} (block {b})" for b, (_, c) in sorted(held.items()))
+    return (
+        f"the runtime root {root} cannot start: all {ID_BLOCKS} blocks of host ids of this "
+        f"host ({ID_SLOTS} ranges of {ID_RANGE} ids each, in the 32-bit id space) are held by "
+        f"runtime roots with sandboxes or a running service: {listed}. Tear down a root that "
+        "is no longer used (SANDBOX_ROOT=<root> python manage.py teardown_root), or delete it"
+    )

@@ -14,8 +14,8 @@ gone for good: this does, for one root, in this order —
    ``kept/<sandbox id>/disk.img`` (with ``sandbox.json`` saying what it was) before the rest
    of it is removed — never deleted;
 4. the network: the table, the rules, the routing tables, the claim;
-5. the launcher daemon, the root's cgroup parents, and whatever mount under the root or
-   loop device backed by a file under it is still there.
+5. the launcher daemon, the root's cgroup parents, the claim of its block of host ids, and
+   whatever mount under the root or loop device backed by a file under it is still there.
 
 What it leaves: files. ``images/`` (templates and snapshots), ``kept/``, and the root
 directory itself; delete them once they are no one's. Run it with the service of that root
@@ -75,7 +75,9 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
     registered = claim = roots.find(digest)
     parents: list[Path] = []
     if (root / "sandboxes").is_dir():
-        runtime = LocalRuntime(root)  # adopts the root as a restarted service would
+        # Adopts the root as a restarted service would, but takes no host ids: a root whose
+        # block another root holds (roots.py) can be torn down too.
+        runtime = LocalRuntime(root, claim_ids=False)
         made = {s.sandbox_id: s for s in runtime.list()}
         live = [s for s in made.values() if s.state is not SandboxState.DEAD]
         if live and not kill:
@@ -100,6 +102,7 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
         _stop_daemons(root)
         parents = _cgroup_parents(runtime.cgroups)
         _remove_groups(parents)
+        roots.release_ids(root)  # unless a sandbox is left, or a service still runs
     if claim is not None:  # no networking configured any more: what the registry says
         network.uninstall(claim)
         roots.release(digest)
