@@ -33,13 +33,13 @@ from sandboxes.admission import host_capacity, sandbox_admit
 from sandboxes.models import Sandbox, new_access_token, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
+    KILL,
     PAUSE,
     RESUME,
     check_host,
     not_found,
     paused_fields,
     runtime_error,
-    this_host,
     transition_act,
     transition_claim,
     transition_finish,
@@ -347,22 +347,8 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
     """Kill and delete. Exactly one caller answers 204 — the one whose kill recorded the
     sandbox as killed — and the others 404. The runtime's kill is idempotent, so a retry
     after a failed kill (503) re-drives it and is the one that gets 204."""
-    now = timezone.now()
-    host = this_host()
-    with transaction.atomic():
-        row = (
-            Sandbox.objects.select_for_update()
-            .of_team(team.pk)
-            .filter(pk=sandbox_id)
-            .exclude(state=State.KILLED)
-            .first()
-        )
-        if row is None:
-            raise not_found(sandbox_id)
-        check_host(row, host)  # never a 204 for a kill this host cannot make
-        row.state = State.KILLING
-        row.state_changed_at = now
-        row.save(update_fields=["state", "state_changed_at"])
+    # Never a 204 for a kill this host cannot make: transition_claim checks the host.
+    row, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=KILL, wait=False)
     if not sandbox_finish_kill(sandbox=row):
         raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 State = Sandbox.State
 LIVE_STATES = [State.RUNNING, State.PAUSING, State.PAUSED, State.RESUMING]
 TRANSITIONAL_STATES = [State.CREATING, State.PAUSING, State.RESUMING, State.KILLING]
+LIVE_OR_KILLING = frozenset([*LIVE_STATES, State.KILLING])
 # How long a caller waits for another caller's transition on the same sandbox to finish
 # before answering 409 (E2B's connect waits too). Transitions take milliseconds.
 TRANSITION_WAIT_SECONDS = 5.0
@@ -90,6 +92,25 @@ RESUME = Transition(
 )
 # running -> running is a no-op claim that still takes the row lock.
 CONNECT = Transition("connect", claims={State.RUNNING: State.RUNNING, State.PAUSED: State.RESUMING})
+# A kill claims every state a row is killed from, a kill in flight included (a retried kill
+# re-drives it), and a row still being created (its create then finds it killed).
+KILL = Transition(
+    "kill",
+    claims={
+        s: State.KILLING
+        for s in (
+            State.CREATING,
+            State.RUNNING,
+            State.PAUSING,
+            State.PAUSED,
+            State.RESUMING,
+            State.KILLING,
+        )
+    },
+)
+# What a timeout does to a running sandbox (the lifecycle worker's, sandboxes.worker).
+TIMEOUT_KILL = Transition("timeout kill", claims={State.RUNNING: State.KILLING})
+TIMEOUT_PAUSE = Transition("timeout pause", claims={State.RUNNING: State.PAUSING})
 
 
 def not_found(sandbox_id: str) -> NotFound:
@@ -152,20 +173,20 @@ def transition_claim(
                 Sandbox.objects.select_for_update()
                 .of_team(team.pk)
                 .filter(pk=sandbox_id)
-                .exclude(state__in=[State.KILLED, State.CREATING])
+                .exclude(state=State.KILLED)
                 .first()
             )
-            if row is None:
+            # A row still being created is no one's yet, but a kill's.
+            if row is None or (
+                row.state == State.CREATING and State.CREATING not in transition.claims
+            ):
                 raise not_found(sandbox_id)
             check_host(row, host)
             previous = row.state
+            if previous in transition.claims:
+                return row, transition_claim_locked(row, transition, now)
             if previous == State.KILLING:
                 raise Conflict(f"sandbox {sandbox_id} is being killed")
-            if previous in transition.claims:
-                row.state = transition.claims[previous]
-                row.state_changed_at = now
-                row.save(update_fields=["state", "state_changed_at"])
-                return row, previous
             if previous in transition.conflicts:
                 raise Conflict(transition.conflicts[previous].format(id=sandbox_id))
         if time.monotonic() >= deadline:
@@ -177,6 +198,16 @@ def paused_fields(mode: PauseMode | None, reason: str | None = None) -> dict[str
     """The row's fields for a pause that kept ``mode`` (None: the runtime did not say, as
     a freeze), and why when nobody asked for it."""
     return {"pause_mode": str(mode or PauseMode.FULL), "state_reason": reason or ""}
+
+
+def transition_claim_locked(row: Sandbox, transition: Transition, now: datetime) -> str:
+    """Move ``row``, which the caller has locked (``select_for_update``) in its transaction,
+    as ``transition`` claims from its state; returns that previous state."""
+    previous = row.state
+    row.state = transition.claims[previous]
+    row.state_changed_at = now
+    row.save(update_fields=["state", "state_changed_at"])
+    return previous
 
 
 def transition_finish(

@@ -29,7 +29,14 @@ from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_finish_kill
-from sandboxes.transitions import TRANSITIONAL_STATES, paused_fields, transition_finish
+from sandboxes.transitions import (
+    TIMEOUT_KILL,
+    TIMEOUT_PAUSE,
+    TRANSITIONAL_STATES,
+    paused_fields,
+    transition_claim_locked,
+    transition_finish,
+)
 from templates.models import Template
 
 State = Sandbox.State
@@ -65,9 +72,7 @@ def sandbox_expire(*, sandbox_id: str) -> str | None:
         if row is None:
             return None
         pause = row.on_timeout == Sandbox.OnTimeout.PAUSE
-        row.state = State.PAUSING if pause else State.KILLING
-        row.state_changed_at = now
-        row.save(update_fields=["state", "state_changed_at"])
+        transition_claim_locked(row, TIMEOUT_PAUSE if pause else TIMEOUT_KILL, now)
     if pause:
         mode = PauseMode.FULL if row.auto_pause_memory else PauseMode.FILESYSTEM
         try:

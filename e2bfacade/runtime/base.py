@@ -511,6 +511,12 @@ class Runtime(Protocol):
     # it on every sandbox and acts only on its own (sandboxes/hosts.py).
     host_id: str
 
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
+        """What an instance built with ``options`` will be able to do, known without
+        building one (request validation needs no running runtime, and no root)."""
+        ...
+
     def import_image(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
         """A root file system tarball, read from ``archive``, becomes image ``image_id``."""
         ...

@@ -125,6 +125,13 @@ class LocalRuntime:
         }
     )
 
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
+        """With networking configured (``network``), internet access and network rules."""
+        if options.get("network") is None:
+            return cls.capabilities
+        return cls.capabilities | {Capability.INTERNET_ACCESS, Capability.NETWORK_RULES}
+
     def __init__(
         self,
         root: Path,
