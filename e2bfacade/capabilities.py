@@ -31,11 +31,8 @@ WHAT = {
 
 
 def supported() -> frozenset[Capability]:
-    caps = registry.driver_class(settings.SANDBOX_RUNTIME).capabilities
-    if settings.SANDBOX_RUNTIME_OPTIONS.get("network") is not None:
-        # The local runtime with networking configured (SANDBOX_UPLINK).
-        caps = caps | {Capability.INTERNET_ACCESS, Capability.NETWORK_RULES}
-    return caps
+    driver = registry.driver_class(settings.SANDBOX_RUNTIME)
+    return driver.capabilities_for(settings.SANDBOX_RUNTIME_OPTIONS)
 
 
 def refusal(capability: Capability) -> str | None:

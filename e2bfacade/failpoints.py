@@ -4,7 +4,8 @@
 reaches that point), ``name=sleep:SECONDS`` (stall there, to play a slow original) or
 ``name=error`` (raise there, to play a failing runtime: a refusal before a runtime
 operation acted, :class:`InjectedRefusal`; an error of unknown outcome anywhere else,
-:class:`InjectedFault`).
+:class:`InjectedFault`) or ``name=dbdrop`` (this process's database connection dies there:
+on PostgreSQL its backend is terminated; elsewhere the driver's error is raised).
 Points: ``after_claim``, ``after_runtime_create``, ``before_complete``, ``after_complete``,
 and around every runtime operation ``runtime.<op>.before`` / ``runtime.<op>.after`` (e.g.
 ``runtime.pause.after=error``: the freeze happened, the caller is told it failed).
@@ -37,8 +38,8 @@ def _parse(raw: str) -> dict[str, float | str | None]:
         name, _, action = item.partition("=")
         if action.startswith("sleep:"):
             points[name] = float(action.removeprefix("sleep:"))
-        elif action == "error":
-            points[name] = "error"
+        elif action in ("error", "dbdrop"):
+            points[name] = action
         elif action:
             raise ValueError(f"E2BFACADE_FAILPOINTS: unknown action {action!r} for {name}")
         else:
@@ -64,6 +65,8 @@ def failpoint(name: str) -> None:
             return  # already fired once
         os.close(fd)
     action = _POINTS[name]
+    if action == "dbdrop":
+        _drop_database_connection()
     if action == "error":
         if name.endswith(".before"):
             raise InjectedRefusal(f"injected refusal at {name}")
@@ -72,3 +75,12 @@ def failpoint(name: str) -> None:
         time.sleep(action)
         return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _drop_database_connection() -> None:
+    from django.db import OperationalError, connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:  # raises: the backend ends under the statement
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    raise OperationalError("injected: the database connection was lost")

@@ -118,6 +118,17 @@ def idempotency_purged(count: int) -> None:
     IDEMPOTENCY_PURGED.inc(count)
 
 
+SANDBOXES_LOST = Counter(
+    "e2bfacade_sandboxes_lost",
+    "Sandboxes the database held live of which their host had nothing left (files gone): "
+    "recorded killed with the reason. Anything above zero is data loss to look into.",
+)
+
+
+def sandbox_lost() -> None:
+    SANDBOXES_LOST.inc()
+
+
 # ------------------------------------------------------------------------------ runtime
 # The operations of e2bfacade.runtime.base.Runtime: only these are timed (helpers and
 # attributes pass through), which also bounds the ``op`` label.
@@ -135,6 +146,7 @@ RUNTIME_OPERATIONS = (
     "kill",
     "metrics",
     "sweep",
+    "census",
     "start_process",
     "stat",
     "list_dir",

@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 
 from e2bfacade import failpoints, observability
 from e2bfacade.runtime import registry
-from e2bfacade.runtime.base import Runtime
+from e2bfacade.runtime.base import Capability, Runtime
 
 _lock = threading.Lock()
 _runtimes: dict[str, Runtime] = {}
@@ -41,6 +42,10 @@ class FaultyRuntime:
 
     def __init__(self, inner: Runtime) -> None:
         self._inner = inner
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
+        raise TypeError("ask the driver's class (e2bfacade.capabilities), not this wrapper")
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)

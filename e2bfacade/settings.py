@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import django_stubs_ext
 import environ
@@ -18,6 +19,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from e2bfacade.runtime import registry as runtime_registry
 from e2bfacade.startup import BUILTIN_SECRET_KEY
+
+if TYPE_CHECKING:
+    from e2bfacade.runtime.local.network import NetworkConfig
 
 # Lets `admin.ModelAdmin[Team]` and friends be subscripted at runtime, as django-stubs types them.
 django_stubs_ext.monkeypatch()
@@ -249,7 +253,20 @@ SANDBOX_SPARES = _int("SANDBOX_SPARES", 2, 0, 64, "between 0 and 64")
 SANDBOX_WARM_POOL = _int("SANDBOX_WARM_POOL", 1, 0, 64, "between 0 and 64")
 
 
-def _sandbox_network() -> object:
+def _egress_port() -> int | None:
+    """``SANDBOX_EGRESS_PORT``: the egress proxy's port on 127.0.0.1, or None for ``auto``
+    (chosen when the runtime root is registered, unique among this host's roots)."""
+    raw = env.str("SANDBOX_EGRESS_PORT", default="auto").strip()
+    if raw.lower() == "auto":
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ImproperlyConfigured(
+            f"SANDBOX_EGRESS_PORT must be 'auto' or a port (1-65535), got {raw!r}"
+        )
+    return int(raw)
+
+
+def _sandbox_network() -> NetworkConfig | None:
     """The local runtime's networking (e2bfacade/runtime/local/network.py), or None.
 
     ``SANDBOX_UPLINK``: the interface sandbox traffic leaves by; ``auto`` (the default) is
@@ -275,7 +292,7 @@ def _sandbox_network() -> object:
             cidr=env.str("SANDBOX_NETWORK_CIDR", default="10.250.0.0/18"),
             dns_servers=tuple(env.list("SANDBOX_DNS_SERVERS", default=["8.8.8.8"])),
             blocked=tuple(blocked),
-            proxy_port=_int("SANDBOX_EGRESS_PORT", 49990, 1, 65535, "a port (1-65535)"),
+            proxy_port=_egress_port(),
             extra_ca=env.str("SANDBOX_EXTRA_CA_CERTS", default="") or None,
         )
     except (ValueError, OSError) as exc:

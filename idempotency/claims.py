@@ -38,7 +38,7 @@ from django.db.models import Field
 from django.utils import timezone
 
 from e2bfacade import observability
-from e2bfacade.errors import ApiError
+from e2bfacade.errors import ApiError, ServiceUnavailable
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from idempotency import crypto
@@ -382,6 +382,21 @@ def claim_execute(
                 _abandon_lease(record, owner)
                 return error_result(exc)
             result = error_result(exc)  # deterministic: stored and replayed, as E2B does
+        except DatabaseError:
+            # The database went away mid-way (the resource may exist): the record says "in
+            # progress" under the reserved id, so a retry with the same key re-drives it to
+            # the one resource. Tell the client so (the lease goes with our connection, or
+            # expires).
+            logger.warning("idempotency: the database failed under %s", record.pk, exc_info=True)
+            with contextlib.suppress(DatabaseError):
+                _abandon_lease(record, owner)
+            return error_result(
+                ServiceUnavailable(
+                    "the database failed while this request ran; retry with the same "
+                    "Idempotency-Key: the retry completes it, exactly once",
+                    headers={"Retry-After": "1", "Should-Retry": "true"},
+                )
+            )
         except Exception:
             _abandon_lease(record, owner)
             raise
@@ -400,4 +415,5 @@ def claim_execute(
         return result
     finally:
         if not (completed and connection.vendor == "postgresql"):  # else _complete freed it
-            advisory_unlock(record.pk)
+            with contextlib.suppress(DatabaseError):  # a dead connection holds no lock
+                advisory_unlock(record.pk)

@@ -13,26 +13,28 @@ request: the worker re-drives claims through ``idempotency/maintenance.py`` with
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from e2bfacade import observability
-from e2bfacade.errors import ApiError, BadRequest
+from e2bfacade.errors import ApiError, BadRequest, ServiceUnavailable
 from e2bfacade.models import Team
 from idempotency.claims import claim_execute, key_claim, operation_run, request_matches
 from idempotency.fingerprint import fingerprint
 from idempotency.leases import owner_is_alive
 from idempotency.models import IdempotencyRecord
-from idempotency.registry import get_operation
+from idempotency.registry import Body, Operation, Params, get_operation
 from idempotency.results import error_result, stored_result
 
+logger = logging.getLogger(__name__)
 KEY_PATTERN = re.compile(r"[a-z0-9-]{1,255}")
 State = IdempotencyRecord.State
 
@@ -72,6 +74,51 @@ def _in_progress_error() -> ApiError:
     )
 
 
+def _elsewhere_error() -> ApiError:
+    return ServiceUnavailable(
+        "the request with this Idempotency-Key is being carried out by another host sharing "
+        "this database: send the retry to that host",
+        error_code="idempotency_on_another_host",
+        headers={"Should-Retry": "false"},
+    )
+
+
+def _run_unkeyed(op: Operation, team: Team, params: Params, body: Body) -> HttpResponse:
+    """A request without a key: the operation simply runs. If the database goes away after
+    it began, its outcome is unknown to this request and nothing will re-drive it: what it
+    made is released if it can be (``Operation.undo``), and the answer never invites a blind
+    retry (which could make a second resource)."""
+    rid = op.new_resource_id()
+    began = False
+    try:
+        reserved = None
+        if op.reserve is not None:
+            with transaction.atomic():
+                reserved = op.reserve(team, params, body, rid)
+        began = True
+        return operation_run(op, team, params, body, rid, reserved).to_response()
+    except ApiError as exc:
+        return error_result(exc).to_response()
+    except DatabaseError:
+        if not began:
+            raise  # nothing was made: the error handler's 500 (or the SDK's retry) is right
+        logger.warning("the database failed under %s %s", op.route, rid, exc_info=True)
+        undone = op.undo is not None and op.undo(rid)
+        outcome = (
+            f"{rid} was made and removed again"
+            if undone
+            else f"{rid} may have been made; list yours before trying again"
+        )
+        return error_result(
+            ServiceUnavailable(
+                f"the database failed while this request ran: {outcome}. Send an "
+                "Idempotency-Key to have a retry complete a request exactly once",
+                error_code="outcome_unknown",
+                headers={"Should-Retry": "false"},
+            )
+        ).to_response()
+
+
 def run(
     request: HttpRequest,
     *,
@@ -88,15 +135,7 @@ def run(
     op = get_operation(route)
     key = parse_key(request)
     if key is None:
-        rid = op.new_resource_id()
-        try:
-            reserved = None
-            if op.reserve is not None:
-                with transaction.atomic():
-                    reserved = op.reserve(team, params, body, rid)
-            return operation_run(op, team, params, body, rid, reserved).to_response()
-        except ApiError as exc:
-            return error_result(exc).to_response()
+        return _run_unkeyed(op, team, params, body)
 
     def fp_for(version: str) -> str:
         return fingerprint(
@@ -121,6 +160,8 @@ def run(
             if seen.state == State.COMPLETED:
                 observability.idempotency_event("replay")
                 return stored_result(seen).to_response()
+            if op.here is not None and not op.here(params, seen.resource_id):
+                return error_result(_elsewhere_error()).to_response()
             if owner_is_alive(seen, timezone.now()):
                 if time.monotonic() >= deadline:
                     observability.idempotency_event("in_progress")

@@ -41,6 +41,11 @@ def drive_abandoned(*, limit: int = 100) -> list[int]:
     done = []
     now = timezone.now()
     for record in IdempotencyRecord.objects.abandoned(now).select_related("team")[:limit]:
+        op = get_operation(record.route)
+        if op.here is not None:
+            saved = json.loads(crypto.decrypt(record.request_encrypted))
+            if not op.here(saved["params"], record.resource_id):
+                continue  # another host's: its own worker drives it
         owner = "worker-" + uuid.uuid4().hex
         with transaction.atomic():
             locked = (

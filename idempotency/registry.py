@@ -37,6 +37,13 @@ class Operation:
     # the admin's link from a record to its resource. A label, not the model: this app sits
     # below the apps that register operations and imports none of them. None: no link.
     resource_model: str | None = None
+    # (params, resource_id) -> whether this process may drive the resource: False when it
+    # lives on another host sharing the database (that host's worker drives it). None: any.
+    here: Callable[[Params, str], bool] | None = None
+    # (resource_id) -> best-effort release of whatever an unfinished execute made, when no
+    # one can re-drive it (a request without a key whose database went away mid-way);
+    # returns whether nothing of it is left. None: nothing to release.
+    undo: Callable[[str], bool] | None = None
 
 
 _operations: dict[str, Operation] = {}

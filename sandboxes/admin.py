@@ -31,12 +31,16 @@ FIELDS = (
     "alias",
     "state",
     "wire_state",
+    "pause_mode",
+    "state_reason",
+    "host",
     "idempotency_record",
     "state_changed_at",
     "started_at",
     "end_at",
     "killed_at",
     "on_timeout",
+    "auto_pause_memory",
     "cpu_count",
     "memory_mb",
     "disk_size_mb",
@@ -56,10 +60,12 @@ class SandboxAdmin(admin.ModelAdmin[Sandbox]):
         "template_ref",
         "state",
         "wire_state",
+        "pause_mode",
+        "host",
         "started_at",
         "end_at",
     ]
-    list_filter = ["state", "team", "template"]
+    list_filter = ["state", "pause_mode", "host", "team", "template"]
     # Not the template: it may have been deleted since (killed sandboxes keep naming it, with
     # no database constraint), and a join would hide those rows.
     list_select_related = ["team"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from e2bfacade.models import Team
+from e2bfacade.runtime.base import SandboxRuntimeError
+from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.registry import Operation, register
 from sandboxes import services
 from sandboxes.models import Sandbox, new_sandbox_id
@@ -32,6 +34,21 @@ def _create(
     return 201, SandboxSerializer(sandbox).data
 
 
+def _here(params: dict[str, str], rid: str) -> bool:
+    """Whether this host holds the sandbox being created (or none holds it yet)."""
+    host = Sandbox.objects.filter(pk=rid).values_list("host", flat=True).first()
+    return host in (None, "", get_runtime().host_id)
+
+
+def _undo(rid: str) -> bool:
+    """End whatever the runtime made for ``rid`` (no database needed)."""
+    try:
+        get_runtime().kill(rid)
+    except SandboxRuntimeError:
+        return False
+    return True
+
+
 for route in (CREATE_V2, CREATE_V1):
     register(
         Operation(
@@ -40,5 +57,7 @@ for route in (CREATE_V2, CREATE_V1):
             _create,
             reserve=_reserve_sandbox,
             resource_model="sandboxes.Sandbox",
+            here=_here,
+            undo=_undo,
         )
     )

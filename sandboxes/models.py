@@ -38,6 +38,11 @@ class SandboxQuerySet(models.QuerySet["Sandbox"]):
     def of_team(self, team_id: int) -> SandboxQuerySet:
         return self.filter(team_id=team_id)
 
+    def on_host(self, host: str) -> SandboxQuerySet:
+        """The rows ``host`` holds (and those made before rows recorded their host: the one
+        host there was; the worker gives them their host when it starts)."""
+        return self.filter(host__in=[host, ""])
+
     def live(self) -> SandboxQuerySet:
         """Visible to the API: everything that is not killed (and not still being born)."""
         return self.exclude(state__in=[Sandbox.State.KILLED, Sandbox.State.CREATING])
@@ -59,6 +64,10 @@ class Sandbox(models.Model):
     class OnTimeout(models.TextChoices):
         KILL = "kill"
         PAUSE = "pause"
+
+    class PauseMode(models.TextChoices):
+        FULL = "full"  # processes and memory kept
+        FILESYSTEM = "filesystem"  # files only: a resume cold-boots it
 
     WIRE_STATE = {
         State.CREATING: "running",
@@ -97,6 +106,17 @@ class Sandbox(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     env_vars = models.JSONField(default=dict, blank=True)
     on_timeout = models.CharField(max_length=8, choices=OnTimeout.choices, default=OnTimeout.KILL)
+    # What a timeout's pause keeps (E2B's autoPauseMemory): memory too, or files only.
+    auto_pause_memory = models.BooleanField(default=True)
+    # What its latest pause kept; empty until it is first paused.
+    pause_mode = models.CharField(max_length=16, choices=PauseMode.choices, blank=True)
+    # Why it is in its state when nobody asked for it: its processes ended under it (a
+    # crash: paused, files kept), or its files were lost (killed). Shown to its owner and in
+    # the admin; empty for a state a caller asked for.
+    state_reason = models.TextField(blank=True, default="")
+    # The host (runtime root) that holds it: every runtime call about it is made there, and
+    # no other host's worker touches it (sandboxes.hosts).
+    host = models.CharField(max_length=255, blank=True, default="")
     auto_resume = models.BooleanField(default=False)
     allow_internet_access = models.BooleanField(default=False)
     # Create's egress rules as given (allowOut, denyOut, dnsServers, maskRequestHost), kept

@@ -206,6 +206,13 @@ class NewSandboxSerializer(NullMeansAbsent):
                 ),
             }
         )
+        # E2B's rule: traffic wakes a sandbox by restoring its memory, which a timeout's
+        # filesystem-only pause does not keep.
+        if attrs.get("autoPauseMemory") is False and (attrs.get("autoResume") or {}).get("enabled"):
+            errors.setdefault("autoResume", []).append(
+                "auto-resume needs a pause that keeps memory: it cannot be combined with "
+                "autoPauseMemory false (resume such a sandbox with connect)"
+            )
         # What this service itself does not do, whatever the driver.
         service_refusals = {
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
@@ -239,6 +246,7 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         template_ref=body["templateID"],
         timeout=body["timeout"],
         auto_pause=body["autoPause"],
+        auto_pause_memory=body.get("autoPauseMemory", True),
         auto_resume=bool((body.get("autoResume") or {}).get("enabled")),
         metadata=body.get("metadata") or {},
         env_vars=body.get("envVars") or {},
@@ -279,6 +287,10 @@ class ConnectSerializer(NullMeansAbsent):
 
     def timeout_or_default(self) -> int:
         return self.validated_data.get("timeout") or self.default_timeout
+
+    def keeps_memory(self) -> bool:
+        """False: cold-boot even a sandbox that kept its memory (E2B's ``memory: false``)."""
+        return self.validated_data.get("memory") is not False
 
 
 class ResumeSerializer(ConnectSerializer):
@@ -418,6 +430,9 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     network = serializers.SerializerMethodField()
     lifecycle = LifecycleSerializer(source="*")
     pauseMode = serializers.SerializerMethodField()
+    # Not E2B's (the SDKs ignore it): why the sandbox is paused when nobody asked for it (its
+    # processes ended under it, so it was kept with its files); null otherwise.
+    pauseReason = serializers.SerializerMethodField()
 
     @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
     def get_domain(self, obj: Sandbox) -> str:
@@ -432,7 +447,11 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
         return network
 
     def get_pauseMode(self, obj: Sandbox) -> str:
-        return "full"  # a pause is a freeze: memory is kept
+        return obj.pause_mode or Sandbox.PauseMode.FULL  # what its latest pause kept
+
+    @extend_schema_field(NULLABLE_STRING)
+    def get_pauseReason(self, obj: Sandbox) -> str | None:
+        return (obj.state_reason or None) if obj.wire_state == "paused" else None
 
 
 class MetricSerializer(serializers.Serializer[dict[str, Any]]):

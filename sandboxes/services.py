@@ -22,6 +22,7 @@ from e2bfacade.runtime.base import (
     CreateRefused,
     ImageNotFound,
     NetworkPolicy,
+    PauseMode,
     RuntimeUnavailable,
     SandboxNotFound,
     SandboxRuntimeError,
@@ -32,9 +33,12 @@ from sandboxes.admission import host_capacity, sandbox_admit
 from sandboxes.models import Sandbox, new_access_token, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
+    KILL,
     PAUSE,
     RESUME,
+    check_host,
     not_found,
+    paused_fields,
     runtime_error,
     transition_act,
     transition_claim,
@@ -54,6 +58,7 @@ class CreateRequest:
     template_ref: str
     timeout: int
     auto_pause: bool = False
+    auto_pause_memory: bool = True
     auto_resume: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
@@ -94,7 +99,7 @@ def sandbox_reserve(
     template = Template.objects.resolve_locked(team.pk, request.template_ref)
     if template is None:
         raise NotFound(f"template '{request.template_ref}' not found")
-    sandbox_admit(team=team, template=template)
+    host = sandbox_admit(team=team, template=template)
     now = timezone.now()
     return Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),
@@ -112,7 +117,9 @@ def sandbox_reserve(
         metadata=request.metadata,
         env_vars=request.env_vars,
         on_timeout=Sandbox.OnTimeout.PAUSE if request.auto_pause else Sandbox.OnTimeout.KILL,
+        auto_pause_memory=request.auto_pause_memory,
         auto_resume=request.auto_resume,
+        host=host,
         allow_internet_access=request.allow_internet,
         network={
             k: v for k, v in request.network.items() if k in ("allowOut", "denyOut", "dnsServers")
@@ -211,6 +218,7 @@ def sandbox_create(
         host_capacity()  # builds the runtime, if this process has none yet, outside the tx
         with transaction.atomic():
             sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
+    check_host(sandbox)  # a re-drive creates only where its row was reserved
     if sandbox.state == State.CREATING:
         return sandbox_start(sandbox=sandbox)
     return sandbox
@@ -237,6 +245,7 @@ def sandbox_update_network(
     body twice leaves the same rules. Racing updates settle on the last one committed: the
     runtime is given the stored rules again until what it applied is what is stored."""
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
+    check_host(sandbox)
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
     wanted = {k: v for k, v in network.items() if v is not None}
@@ -265,30 +274,44 @@ def sandbox_update_network(
 
 
 # --------------------------------------------------------------------------- lifecycle
-def sandbox_pause(*, team: Team, sandbox_id: str) -> Sandbox:
-    """running -> paused. A second pause answers 409 (the SDK reads it as "already paused")."""
+def sandbox_pause(*, team: Team, sandbox_id: str, memory: bool = True) -> Sandbox:
+    """running -> paused, keeping its memory (``memory``) or only its files, which a resume
+    then cold-boots. A second pause answers 409 (the SDK reads it as "already paused")."""
     sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=PAUSE)
-    transition_act(sandbox, State.PAUSING, State.RUNNING, get_runtime().pause, sandbox_id)
-    return transition_finish(sandbox, State.PAUSING, State.PAUSED)
+    runtime = get_runtime()
+    transition_act(sandbox, State.PAUSING, State.RUNNING, runtime.pause, sandbox_id, memory=memory)
+    mode = PauseMode.FULL if memory else PauseMode.FILESYSTEM
+    return transition_finish(sandbox, State.PAUSING, State.PAUSED, **paused_fields(mode))
 
 
-def _resume(sandbox: Sandbox, timeout: int) -> Sandbox:
-    transition_act(sandbox, State.RESUMING, State.PAUSED, get_runtime().resume, sandbox.sandbox_id)
+def _resume(sandbox: Sandbox, timeout: int, memory: bool) -> Sandbox:
+    runtime = get_runtime()
+    transition_act(
+        sandbox, State.RESUMING, State.PAUSED, runtime.resume, sandbox.sandbox_id, memory=memory
+    )
     return transition_finish(
-        sandbox, State.RESUMING, State.RUNNING, end_at=timezone.now() + timedelta(seconds=timeout)
+        sandbox,
+        State.RESUMING,
+        State.RUNNING,
+        end_at=timezone.now() + timedelta(seconds=timeout),
+        state_reason="",
     )
 
 
-def sandbox_resume(*, team: Team, sandbox_id: str, timeout: int) -> Sandbox:
-    """Legacy resume: paused -> running (201); already running -> 409."""
+def sandbox_resume(*, team: Team, sandbox_id: str, timeout: int, memory: bool = True) -> Sandbox:
+    """Legacy resume: paused -> running (201); already running -> 409. Without ``memory``
+    a sandbox paused with its memory cold-boots instead (its processes are ended)."""
     check_timeout(timeout)
     sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=RESUME)
-    return _resume(sandbox, timeout)
+    return _resume(sandbox, timeout, memory)
 
 
-def sandbox_connect(*, team: Team, sandbox_id: str, timeout: int) -> tuple[Sandbox, bool]:
+def sandbox_connect(
+    *, team: Team, sandbox_id: str, timeout: int, memory: bool = True
+) -> tuple[Sandbox, bool]:
     """Running: extend the end time only (``max(endAt, now + timeout)``), 200. Paused:
-    resume, 201. Returns the sandbox and whether it was resumed."""
+    resume (a cold boot when it kept only its files, or without ``memory``), 201. Returns
+    the sandbox and whether it was resumed."""
     check_timeout(timeout)
     sandbox, previous = transition_claim(team=team, sandbox_id=sandbox_id, transition=CONNECT)
     if previous == State.RUNNING:
@@ -296,7 +319,7 @@ def sandbox_connect(*, team: Team, sandbox_id: str, timeout: int) -> tuple[Sandb
         Sandbox.objects.filter(pk=sandbox.pk, end_at__lt=new_end).update(end_at=new_end)
         sandbox.refresh_from_db()
         return sandbox, False
-    return _resume(sandbox, timeout), True
+    return _resume(sandbox, timeout, memory), True
 
 
 def sandbox_set_timeout(*, team: Team, sandbox_id: str, timeout: int) -> None:
@@ -324,20 +347,8 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
     """Kill and delete. Exactly one caller answers 204 — the one whose kill recorded the
     sandbox as killed — and the others 404. The runtime's kill is idempotent, so a retry
     after a failed kill (503) re-drives it and is the one that gets 204."""
-    now = timezone.now()
-    with transaction.atomic():
-        row = (
-            Sandbox.objects.select_for_update()
-            .of_team(team.pk)
-            .filter(pk=sandbox_id)
-            .exclude(state=State.KILLED)
-            .first()
-        )
-        if row is None:
-            raise not_found(sandbox_id)
-        row.state = State.KILLING
-        row.state_changed_at = now
-        row.save(update_fields=["state", "state_changed_at"])
+    # Never a 204 for a kill this host cannot make: transition_claim checks the host.
+    row, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=KILL, wait=False)
     if not sandbox_finish_kill(sandbox=row):
         raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 
@@ -359,6 +370,7 @@ def sandbox_finish_kill(*, sandbox: Sandbox) -> bool:
 
 def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
+    check_host(sandbox)
     try:
         m = get_runtime().metrics(sandbox.sandbox_id)
     except SandboxNotFound as exc:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -24,11 +25,13 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
     CreateRefused,
     LimitExceeded,
+    PauseMode,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxNotFound,
     SandboxRuntimeError,
 )
+from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 State = Sandbox.State
 LIVE_STATES = [State.RUNNING, State.PAUSING, State.PAUSED, State.RESUMING]
 TRANSITIONAL_STATES = [State.CREATING, State.PAUSING, State.RESUMING, State.KILLING]
+LIVE_OR_KILLING = frozenset([*LIVE_STATES, State.KILLING])
 # How long a caller waits for another caller's transition on the same sandbox to finish
 # before answering 409 (E2B's connect waits too). Transitions take milliseconds.
 TRANSITION_WAIT_SECONDS = 5.0
@@ -88,10 +92,53 @@ RESUME = Transition(
 )
 # running -> running is a no-op claim that still takes the row lock.
 CONNECT = Transition("connect", claims={State.RUNNING: State.RUNNING, State.PAUSED: State.RESUMING})
+# A kill claims every state a row is killed from, a kill in flight included (a retried kill
+# re-drives it), and a row still being created (its create then finds it killed).
+KILL = Transition(
+    "kill",
+    claims={
+        s: State.KILLING
+        for s in (
+            State.CREATING,
+            State.RUNNING,
+            State.PAUSING,
+            State.PAUSED,
+            State.RESUMING,
+            State.KILLING,
+        )
+    },
+)
+# What a timeout does to a running sandbox (the lifecycle worker's, sandboxes.worker).
+TIMEOUT_KILL = Transition("timeout kill", claims={State.RUNNING: State.KILLING})
+TIMEOUT_PAUSE = Transition("timeout pause", claims={State.RUNNING: State.PAUSING})
 
 
 def not_found(sandbox_id: str) -> NotFound:
     return NotFound(f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
+
+
+def this_host() -> str:
+    """The host this process's runtime holds sandboxes on (``Runtime.host_id``)."""
+    return get_runtime().host_id
+
+
+def on_another_host(sandbox: Sandbox, host: str) -> ApiError:
+    """What a call about a sandbox another host holds answers: the truth, never an outcome
+    this host cannot bring about (placing requests by host is not done yet)."""
+    return ServiceUnavailable(
+        f"sandbox {sandbox.sandbox_id} is held by host {sandbox.host}, not by this one "
+        f"({host}): send the request to that host's API",
+        error_code="sandbox_on_another_host",
+        headers={"Should-Retry": "false"},
+    )
+
+
+def check_host(sandbox: Sandbox, host: str | None = None) -> None:
+    """Raise unless this host holds ``sandbox`` (a row without a host predates hosts: the
+    one host there was)."""
+    host = host or this_host()
+    if sandbox.host and sandbox.host != host:
+        raise on_another_host(sandbox, host)
 
 
 def runtime_error(exc: Exception) -> ApiError:
@@ -116,6 +163,7 @@ def transition_claim(
     transitional state is waited out for up to :data:`TRANSITION_WAIT_SECONDS`, then 409.
     """
     deadline = time.monotonic() + (TRANSITION_WAIT_SECONDS if wait else 0)
+    host = this_host()  # the runtime is built, if need be, outside the transaction
     while True:
         now = timezone.now()
         with transaction.atomic():
@@ -125,24 +173,41 @@ def transition_claim(
                 Sandbox.objects.select_for_update()
                 .of_team(team.pk)
                 .filter(pk=sandbox_id)
-                .exclude(state__in=[State.KILLED, State.CREATING])
+                .exclude(state=State.KILLED)
                 .first()
             )
-            if row is None:
+            # A row still being created is no one's yet, but a kill's.
+            if row is None or (
+                row.state == State.CREATING and State.CREATING not in transition.claims
+            ):
                 raise not_found(sandbox_id)
+            check_host(row, host)
             previous = row.state
+            if previous in transition.claims:
+                return row, transition_claim_locked(row, transition, now)
             if previous == State.KILLING:
                 raise Conflict(f"sandbox {sandbox_id} is being killed")
-            if previous in transition.claims:
-                row.state = transition.claims[previous]
-                row.state_changed_at = now
-                row.save(update_fields=["state", "state_changed_at"])
-                return row, previous
             if previous in transition.conflicts:
                 raise Conflict(transition.conflicts[previous].format(id=sandbox_id))
         if time.monotonic() >= deadline:
             raise Conflict(f"sandbox {sandbox_id} is {previous}; try again shortly")
         time.sleep(0.02)
+
+
+def paused_fields(mode: PauseMode | None, reason: str | None = None) -> dict[str, object]:
+    """The row's fields for a pause that kept ``mode`` (None: the runtime did not say, as
+    a freeze), and why when nobody asked for it."""
+    return {"pause_mode": str(mode or PauseMode.FULL), "state_reason": reason or ""}
+
+
+def transition_claim_locked(row: Sandbox, transition: Transition, now: datetime) -> str:
+    """Move ``row``, which the caller has locked (``select_for_update``) in its transaction,
+    as ``transition`` claims from its state; returns that previous state."""
+    previous = row.state
+    row.state = transition.claims[previous]
+    row.state_changed_at = now
+    row.save(update_fields=["state", "state_changed_at"])
+    return previous
 
 
 def transition_finish(
@@ -161,12 +226,17 @@ def transition_finish(
 
 
 def transition_act(
-    sandbox: Sandbox, claimed: str, rollback_to: str, fn: Callable[..., object], *args: object
+    sandbox: Sandbox,
+    claimed: str,
+    rollback_to: str,
+    fn: Callable[..., object],
+    *args: object,
+    **kwargs: object,
 ) -> None:
     """Run a runtime operation for a claimed transition; on failure restore the previous
     state (the runtime's operations are all-or-nothing) and raise an API error."""
     try:
-        fn(*args)
+        fn(*args, **kwargs)
     except SandboxNotFound as exc:
         # It died under us: record that and answer as E2B does for a missing sandbox.
         transition_finish(sandbox, claimed, State.KILLED, killed_at=timezone.now())

@@ -129,7 +129,10 @@ class SandboxViewSet(viewsets.ViewSet):
         serializer = ConnectSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
         sandbox, resumed = services.sandbox_connect(
-            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.timeout_or_default()
+            team=team_of(request),
+            sandbox_id=sandbox_id,
+            timeout=serializer.timeout_or_default(),
+            memory=serializer.keeps_memory(),
         )
         return Response(
             SandboxSerializer(sandbox).data,
@@ -145,7 +148,10 @@ class SandboxViewSet(viewsets.ViewSet):
         serializer = ResumeSerializer(data=body(request))
         serializer.is_valid(raise_exception=True)
         sandbox = services.sandbox_resume(
-            team=team_of(request), sandbox_id=sandbox_id, timeout=serializer.timeout_or_default()
+            team=team_of(request),
+            sandbox_id=sandbox_id,
+            timeout=serializer.timeout_or_default(),
+            memory=serializer.keeps_memory(),
         )
         return Response(SandboxSerializer(sandbox).data, status=status.HTTP_201_CREATED)
 
@@ -172,8 +178,10 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={204: None, **errors(400, 404, 409, 503)},
     )
     def pause(self, request: Request, sandbox_id: str) -> Response:
-        PauseSerializer(data=body(request)).is_valid(raise_exception=True)
-        services.sandbox_pause(team=team_of(request), sandbox_id=sandbox_id)
+        serializer = PauseSerializer(data=body(request))
+        serializer.is_valid(raise_exception=True)
+        memory = serializer.validated_data.get("memory") is not False  # E2B's default: full
+        services.sandbox_pause(team=team_of(request), sandbox_id=sandbox_id, memory=memory)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(

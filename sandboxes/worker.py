@@ -1,18 +1,24 @@
 """What the lifecycle worker does to sandboxes (``manage.py run_worker``): apply timeouts,
 finish transitions a dead process abandoned, make the database and the runtime agree, and
 keep the runtime's warm pool.
-Several workers may run at once: rows are claimed with ``SKIP LOCKED``.
+
+Several workers may run at once: rows are claimed with ``SKIP LOCKED``. Each acts only on
+the rows of its own host (``Sandbox.host``, the runtime's ``host_id``): several hosts may
+share one database, and none ever touches another's sandboxes.
 """
 
 from __future__ import annotations
 
+import logging
 import resource
 from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
+from e2bfacade import observability
 from e2bfacade.runtime.base import (
+    PauseMode,
     RuntimeConflict,
     SandboxNotFound,
     SandboxRuntimeError,
@@ -23,38 +29,63 @@ from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_finish_kill
-from sandboxes.transitions import TRANSITIONAL_STATES, transition_finish
+from sandboxes.transitions import (
+    TIMEOUT_KILL,
+    TIMEOUT_PAUSE,
+    TRANSITIONAL_STATES,
+    paused_fields,
+    transition_claim_locked,
+    transition_finish,
+)
 from templates.models import Template
 
 State = Sandbox.State
+logger = logging.getLogger(__name__)
+# Why a sandbox the database held was recorded killed by the reconcile: nothing of it was
+# left on its host (its directory and disk gone: a wiped root, a lost disk).
+LOST_REASON = "lost: its host no longer has it (its files are gone)"
+
+
+def sandbox_adopt_hostless() -> int:
+    """Give the rows made before sandboxes recorded their host to this host (they can only
+    be its: one host was all a database could have then). Returns how many."""
+    return (
+        Sandbox.objects.filter(host="")
+        .exclude(state=State.KILLED)
+        .update(host=get_runtime().host_id)
+    )
 
 
 def sandbox_expire(*, sandbox_id: str) -> str | None:
     """Apply the timeout action of one sandbox whose ``endAt`` has passed. Returns the
     action taken, or None when someone else got there first (SKIP LOCKED)."""
     now = timezone.now()
+    runtime = get_runtime()
     with transaction.atomic():
         row = (
             Sandbox.objects.select_for_update(skip_locked=True)
             .expired(now)
+            .on_host(runtime.host_id)
             .filter(pk=sandbox_id)
             .first()
         )
         if row is None:
             return None
         pause = row.on_timeout == Sandbox.OnTimeout.PAUSE
-        row.state = State.PAUSING if pause else State.KILLING
-        row.state_changed_at = now
-        row.save(update_fields=["state", "state_changed_at"])
+        transition_claim_locked(row, TIMEOUT_PAUSE if pause else TIMEOUT_KILL, now)
     if pause:
+        mode = PauseMode.FULL if row.auto_pause_memory else PauseMode.FILESYSTEM
         try:
-            get_runtime().pause(row.sandbox_id)
+            runtime.pause(row.sandbox_id, memory=row.auto_pause_memory)
         except SandboxNotFound:
             transition_finish(row, State.PAUSING, State.KILLED, killed_at=timezone.now())
             return "gone"
         except RuntimeConflict:
-            pass  # already frozen: the outcome we wanted
-        transition_finish(row, State.PAUSING, State.PAUSED)
+            # Already paused (frozen, or its processes ended under it): what it kept is
+            # what the runtime says.
+            info = runtime.status(row.sandbox_id)
+            mode = info.pause_mode or mode
+        transition_finish(row, State.PAUSING, State.PAUSED, **paused_fields(mode))
         return "paused"
     sandbox_finish_kill(sandbox=row)
     return "killed"
@@ -66,10 +97,11 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
     what the runtime reports, killing is re-driven."""
     recovered = []
     runtime = get_runtime()
-    stale = Sandbox.objects.filter(
-        state__in=TRANSITIONAL_STATES,
-        state_changed_at__lt=older_than,
-    ).values_list("pk", flat=True)
+    stale = (
+        Sandbox.objects.on_host(runtime.host_id)
+        .filter(state__in=TRANSITIONAL_STATES, state_changed_at__lt=older_than)
+        .values_list("pk", flat=True)
+    )
     for sandbox_id in list(stale[:500]):
         with transaction.atomic():
             row = (
@@ -97,15 +129,17 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
             Sandbox.objects.filter(pk=row.pk, state=State.CREATING).delete()
         else:
             try:
-                actual = runtime.status(row.sandbox_id).state
+                info = runtime.status(row.sandbox_id)
             except SandboxNotFound:
-                actual = SandboxState.DEAD
-            if actual is SandboxState.DEAD:
+                info = None
+            if info is None or info.state is SandboxState.DEAD:
                 runtime.kill(row.sandbox_id)
-                transition_finish(row, claimed, State.KILLED, killed_at=timezone.now())
+                _record_lost(row.sandbox_id, claimed)
+            elif info.state is SandboxState.PAUSED:
+                fields = paused_fields(info.pause_mode, info.pause_reason)
+                transition_finish(row, claimed, State.PAUSED, **fields)
             else:
-                target = State.PAUSED if actual is SandboxState.PAUSED else State.RUNNING
-                transition_finish(row, claimed, target)
+                transition_finish(row, claimed, State.RUNNING)
         recovered.append(sandbox_id)
     return recovered
 
@@ -120,33 +154,75 @@ def make_room_for_the_census() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
+def _record_lost(sandbox_id: str, state: str) -> bool:
+    """Record a sandbox whose host no longer has anything of it as killed, with why, and say
+    so loudly: its files are lost. Fenced on ``state``."""
+    now = timezone.now()
+    updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
+        state=State.KILLED, state_changed_at=now, killed_at=now, state_reason=LOST_REASON
+    )
+    if updated:
+        logger.error("sandbox %s is lost: %s", sandbox_id, LOST_REASON)
+        observability.sandbox_lost()
+    return bool(updated)
+
+
 def sandbox_reconcile() -> dict[str, list[str]]:
-    """Make the database and the runtime agree: a sandbox the database thinks is live but
-    the runtime lost is marked killed; a runtime sandbox the database does not know (or
-    knows as killed) is killed."""
+    """Make the database and this host's runtime agree, on this host's rows only:
+
+    - a sandbox the database holds running whose processes ended under it (a crash, a
+      reboot) is kept paused with its files, and the reason is recorded; one held paused
+      with its memory that lost it is recorded as paused with its files only;
+    - a sandbox the database holds live but of which the runtime has nothing left is
+      recorded killed, as lost (logged as an error, counted in /metrics);
+    - a runtime sandbox the database does not know (or knows as killed) is killed.
+    """
     runtime = get_runtime()
     # Database first, runtime second: a sandbox the database saw live existed in the runtime
     # before we listed it, so missing from the list means it really died.
-    known = dict(Sandbox.objects.exclude(state=State.KILLED).values_list("sandbox_id", "state"))
-    actual = runtime.live_ids()
-    gone, orphans = [], []
-    for sandbox_id, state in known.items():
-        if state in (State.CREATING, State.KILLING):
+    rows = Sandbox.objects.on_host(runtime.host_id).exclude(state=State.KILLED)
+    known = {
+        sid: (state, mode)
+        for sid, state, mode in rows.values_list("sandbox_id", "state", "pause_mode")
+    }
+    census = runtime.census()
+    gone, orphans, kept = [], [], []
+    for sandbox_id, (state, mode) in known.items():
+        if state not in (State.RUNNING, State.PAUSED):
             continue  # in flight: sandbox_recover_stale owns these
-        if sandbox_id not in actual:
-            updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
-                state=State.KILLED, state_changed_at=timezone.now(), killed_at=timezone.now()
-            )
-            if updated:
+        if sandbox_id not in census.live:
+            if _record_lost(sandbox_id, state):
                 runtime.kill(sandbox_id)
                 gone.append(sandbox_id)
-    for sandbox_id in actual - known.keys():
+        elif sandbox_id in census.kept and mode != PauseMode.FILESYSTEM:
+            if _record_kept(sandbox_id, state):
+                kept.append(sandbox_id)
+    for sandbox_id in census.live - known.keys():
         # Re-check under the runtime's view: a create may have reserved it since we read.
         if not Sandbox.objects.filter(pk=sandbox_id).exclude(state=State.KILLED).exists():
             runtime.kill(sandbox_id)
             orphans.append(sandbox_id)
-    reaped = runtime.sweep(seen_live=actual)
-    return {"gone": gone, "orphans": orphans, "reaped": reaped}
+    # What died without a pause is tidied by the sweep (its groups and rules released, its
+    # files kept), so it is looked at again; what runs, or was paused, need not be.
+    reaped = runtime.sweep(seen_live=census.live - census.kept)
+    return {"gone": gone, "orphans": orphans, "reaped": reaped, "kept": kept}
+
+
+def _record_kept(sandbox_id: str, state: str) -> bool:
+    """Record a sandbox whose processes ended under it as paused with its files (why, from
+    the runtime), fenced on ``state``."""
+    info = get_runtime().status(sandbox_id)
+    if info.pause_mode is not PauseMode.FILESYSTEM:
+        return False
+    fields = paused_fields(PauseMode.FILESYSTEM, info.pause_reason)
+    updated = Sandbox.objects.filter(pk=sandbox_id, state=state).update(
+        state=State.PAUSED, state_changed_at=timezone.now(), **fields
+    )
+    if updated and info.pause_reason:
+        logger.warning(
+            "sandbox %s is kept paused with its files: %s", sandbox_id, info.pause_reason
+        )
+    return bool(updated)
 
 
 def sandbox_keep_warm() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from e2bfacade.models import Team
+from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.registry import Operation, register
 from sandboxes.models import Sandbox
 from sandboxes.serializers import SandboxSerializer
@@ -47,7 +48,21 @@ def _fork(
     ]
 
 
-register(Operation(SNAPSHOT, new_template_id, _snapshot, resource_model="snapshots.Snapshot"))
+def _source_here(params: dict[str, str], rid: str) -> bool:
+    """Whether this host holds the sandbox snapshotted or forked (its image is made here)."""
+    host = Sandbox.objects.filter(pk=params["sandbox_id"]).values_list("host", flat=True).first()
+    return host in (None, "", get_runtime().host_id)
+
+
+register(
+    Operation(
+        SNAPSHOT,
+        new_template_id,
+        _snapshot,
+        resource_model="snapshots.Snapshot",
+        here=_source_here,
+    )
+)
 # The admin links no resource for a fork (as before the registry named resources): its id
 # names the set's hidden fork image, and the sandboxes it made have derived ids.
-register(Operation(FORK, new_template_id, _fork))
+register(Operation(FORK, new_template_id, _fork, here=_source_here))

@@ -17,7 +17,7 @@ from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
 from sandboxes.services import CreateRequest, check_timeout, sandbox_create, sandbox_get
-from sandboxes.transitions import not_found, runtime_error
+from sandboxes.transitions import check_host, not_found, runtime_error
 from templates.models import ID_ALPHABET, Template, new_template_id
 
 State = Sandbox.State
@@ -40,6 +40,7 @@ def snapshot_create(
         if done is not None:
             return done  # a re-drive of a snapshot that was already recorded
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
+    check_host(sandbox)
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f"sandbox {sandbox_id} is {sandbox.state}; try again shortly")
     if name and Template.objects.filter(team=team, alias=name).exists():

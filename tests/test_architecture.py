@@ -77,6 +77,26 @@ def _app_dependencies() -> dict[tuple[str, str], list[str]]:
     return edges
 
 
+# The apps from the top floor down: an app may import only the apps of the floors below
+# its own (two apps on one floor know nothing of each other).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("snapshots",),
+    ("sandboxes",),
+    ("templates", "idempotency"),
+    ("e2bfacade",),
+)
+
+
+def test_every_app_imports_only_the_apps_below_it() -> None:
+    floor = {app: n for n, layer in enumerate(LAYERS) for app in layer}
+    assert set(floor) == set(APPS), "every app has a floor"
+    upward = {
+        (a, b): lines for (a, b), lines in _app_dependencies().items() if floor[b] <= floor[a]
+    }
+    report = [f"{a} -> {b} (not below it): {line}" for (a, b), ls in upward.items() for line in ls]
+    assert not upward, "imports that do not point down the layers:\n" + "\n".join(report)
+
+
 def test_no_two_apps_import_each_other() -> None:
     edges = _app_dependencies()
     cycles = sorted((a, b) for (a, b) in edges if a < b and (b, a) in edges)

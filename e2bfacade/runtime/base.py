@@ -89,10 +89,28 @@ def check_id(value: str, what: str = "id") -> str:
 
 class SandboxState(enum.StrEnum):
     RUNNING = "running"
+    # Paused: its processes frozen with their memory (PauseMode.FULL), or ended with its
+    # files kept (PauseMode.FILESYSTEM: a pause that dropped memory, or a sandbox whose
+    # processes died under it — a crash, a host reboot — which a resume cold-boots).
     PAUSED = "paused"
-    # Its directory is there but its init is gone (crashed, OOM-killed as a whole, host
-    # rebooted): the reconciler reports it dead and cleans it up.
+    # Nothing of it is left to resume: a pool sandbox or a half-made one whose processes
+    # are gone, or one whose disk is gone too. The sweep removes what remains of it.
     DEAD = "dead"
+
+
+class PauseMode(enum.StrEnum):
+    """What a paused sandbox kept (E2B's ``pauseMode``)."""
+
+    FULL = "full"  # its processes and their memory: a resume continues them
+    FILESYSTEM = "filesystem"  # its files only: a resume cold-boots it from its disk
+
+
+# The pause reason of a sandbox whose processes ended without being paused (the runtime or
+# the host went down under it, or it was killed as a whole): its files are kept.
+CRASH_REASON = (
+    "its processes ended unexpectedly (the host or the runtime restarted, or it was killed "
+    "as a whole): its files were kept, and a resume cold-boots it from them"
+)
 
 
 class Capability(enum.StrEnum):
@@ -103,8 +121,8 @@ class Capability(enum.StrEnum):
 
     INTERNET_ACCESS = "internet_access"  # egress beyond the sandbox's own loopback
     NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers
-    FILESYSTEM_PAUSE = "filesystem_pause"  # pause that drops memory and keeps files
-    REBOOT_ON_RESUME = "reboot_on_resume"  # resume into fresh processes on kept files
+    FILESYSTEM_PAUSE = "filesystem_pause"  # pause(memory=False): drops memory, keeps files
+    REBOOT_ON_RESUME = "reboot_on_resume"  # resume(memory=False): fresh processes, kept files
     MEMORY_SNAPSHOTS = "memory_snapshots"  # snapshots that capture process memory
     VOLUME_MOUNTS = "volume_mounts"  # persistent volumes mounted into the guest
     DISK_QUOTA = "disk_quota"  # diskSizeMB enforced
@@ -175,6 +193,10 @@ class SandboxInfo:
     pids_max: int
     created_at: float
     adopted: bool = False  # True when create() found the id already running
+    # Set while paused: what it kept, and why it is paused when nobody paused it
+    # (CRASH_REASON); None for a pause a caller asked for.
+    pause_mode: PauseMode | None = None
+    pause_reason: str | None = None
     # What the data plane needs of a sandbox, as it was created (see SandboxSpec).
     envd_access_token: str | None = None
     default_user: str = DEFAULT_USER
@@ -193,6 +215,16 @@ class Capacity:
     memory_mb: int
     pids: int
     disk_mb: int
+
+
+@dataclass(frozen=True)
+class Census:
+    """The sandboxes a runtime holds: ``live``, every one that is not dead (running or
+    paused), and ``kept``, those of them that have no processes, only their files
+    (PauseMode.FILESYSTEM)."""
+
+    live: frozenset[str]
+    kept: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -474,6 +506,16 @@ class Runtime(Protocol):
 
     name: str
     capabilities: frozenset[Capability]
+    # The host this runtime holds sandboxes on (for the local driver, its root on this
+    # machine): stable across restarts, distinct between hosts. The control plane records
+    # it on every sandbox and acts only on its own (sandboxes/hosts.py).
+    host_id: str
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
+        """What an instance built with ``options`` will be able to do, known without
+        building one (request validation needs no running runtime, and no root)."""
+        ...
 
     def import_image(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
         """A root file system tarball, read from ``archive``, becomes image ``image_id``."""
@@ -490,12 +532,28 @@ class Runtime(Protocol):
     def status(self, sandbox_id: str) -> SandboxInfo: ...
     def list(self) -> builtins.list[SandboxInfo]: ...
     def live_ids(self) -> set[str]:
-        """The ids of :meth:`list`'s sandboxes that are not dead, as cheaply as the driver
-        can tell them (the lifecycle worker's reconcile asks on every tick)."""
+        """The ids of :meth:`list`'s sandboxes that are not dead (:attr:`Census.live`)."""
         ...
 
-    def pause(self, sandbox_id: str) -> None: ...
-    def resume(self, sandbox_id: str) -> None: ...
+    def census(self) -> Census:
+        """What :meth:`list` holds that is not dead, as cheaply as the driver can tell it
+        (the lifecycle worker's reconcile asks on every tick)."""
+        ...
+
+    def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
+        """Pause a running sandbox: with ``memory`` its processes stop where they are
+        (PauseMode.FULL); without, they end and its files are kept (FILESYSTEM_PAUSE).
+        Pausing a paused sandbox raises RuntimeConflict."""
+        ...
+
+    def resume(self, sandbox_id: str, *, memory: bool = True) -> None:
+        """Resume a paused sandbox: its processes continue, or, when it kept only its
+        files (or ``memory`` is False: REBOOT_ON_RESUME), it cold-boots from them — a new
+        init on the same disk, id, host name, access token and network rules, with the
+        template's start command run again. A cold boot that fails leaves it paused with
+        its files."""
+        ...
+
     def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
     def kill(self, sandbox_id: str) -> bool: ...
 

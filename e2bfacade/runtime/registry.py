@@ -1,18 +1,17 @@
-"""Drivers by name. ``SANDBOX_RUNTIME`` names one; :func:`open_driver` builds it for a
-``SANDBOX_ROOT``. A driver is registered as ``"module:Class"`` so that naming it here costs
-no import: a host without a driver's dependencies can still run the others.
+"""Drivers by name. ``SANDBOX_RUNTIME`` names one (``e2bfacade/sandbox_runtime.py`` builds
+it for a ``SANDBOX_ROOT``). A driver is registered as ``"module:Class"`` so that naming it
+here costs no import: a host without a driver's dependencies can still run the others.
 
-A new driver (docker, kubernetes via agent-sandbox, gvisor, ...) is one module exposing a
-class with ``name``, ``capabilities`` and the methods of :class:`.base.Runtime`, one line
-here, and a passing run of ``tests/runtime/test_contract.py`` against it
-(docs/ARCHITECTURE.md, "Adding a driver").
+A new driver (kubernetes via agent-sandbox, gvisor, ...) is one module exposing a class with
+``name``, ``capabilities``, ``capabilities_for`` and the methods of :class:`.base.Runtime`,
+one line here, and a passing run of ``tests/runtime/test_contract.py`` against it
+(docs/ARCHITECTURE.md, "Where new code goes").
 """
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from e2bfacade.runtime.base import Runtime
 
@@ -29,10 +28,3 @@ def driver_class(name: str) -> type[Runtime]:
     """The class of the driver ``name`` (KeyError for an unknown name)."""
     module_name, _, class_name = DRIVERS[name].partition(":")
     return cast(type[Runtime], getattr(importlib.import_module(module_name), class_name))
-
-
-def open_driver(name: str, root: Path, **options: Any) -> Runtime:
-    """A new instance of the driver ``name`` keeping its state under ``root``, with its
-    own keyword ``options``. Raises KeyError for an unknown name, RuntimeUnavailable when
-    this host cannot run it."""
-    return driver_class(name)(root, **options)  # type: ignore[call-arg]

@@ -26,6 +26,7 @@ from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E40
 
 from e2bfacade.errors import ApiError  # noqa: E402
 from e2bfacade.runtime.base import (  # noqa: E402
+    PauseMode,
     SandboxInfo,
     SandboxNotFound,
     SandboxRuntimeError,
@@ -184,8 +185,11 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
     except (SandboxNotFound, SandboxRuntimeError):
         sandbox = None
     if sandbox is not None and sandbox.state is SandboxState.PAUSED:
-        # A sandbox created with autoResume wakes on its first request, as on E2B.
-        sandbox = await streams.call(_auto_resume, target.sandbox_id) or sandbox
+        # A sandbox created with autoResume wakes on its first request, as on E2B, if it
+        # kept its memory: traffic never cold-boots one that kept only its files (E2B
+        # refuses that too; connect() does it).
+        if sandbox.pause_mode is not PauseMode.FILESYSTEM:
+            sandbox = await streams.call(_auto_resume, target.sandbox_id) or sandbox
     if sandbox is None or sandbox.state is not SandboxState.RUNNING:
         # Killed, never made, or paused (no auto-resume): as E2B's proxy answers.
         if scope["type"] == "websocket":

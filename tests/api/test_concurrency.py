@@ -33,9 +33,9 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, runtime: LocalRuntime, name: st
     calls: list[str] = []
     real = getattr(runtime, name)
 
-    def spy(sandbox_id: str) -> Any:
+    def spy(sandbox_id: str, **kwargs: Any) -> Any:
         calls.append(sandbox_id)
-        return real(sandbox_id)
+        return real(sandbox_id, **kwargs)
 
     monkeypatch.setattr(runtime, name, spy)
     return calls

@@ -31,7 +31,6 @@ def assert_nothing_created(runtime: LocalRuntime) -> None:
         ("mcp", {"github": {"token": "x"}}),
         ("iam", {"role": "arn:aws:iam::1:role/x"}),
         ("volumeMounts", [{"name": "data", "path": "/data"}]),
-        ("autoPauseMemory", False),
     ],
 )
 def test_an_unsupported_create_field_is_refused_by_name(
@@ -188,11 +187,10 @@ def test_an_empty_array_or_string_as_a_pause_body_is_a_400(api_client: APIClient
 @pytest.mark.parametrize(
     ("route", "body", "field"),
     [
-        ("/sandboxes/{}/pause", {"memory": False}, "memory"),
         ("/sandboxes/{}/pause", {"memory": "yes"}, "memory"),
         ("/v2/sandboxes/{}/connect", {"timeout": "60"}, "timeout"),
         ("/v2/sandboxes/{}/connect", {"timeout": 0}, "timeout"),
-        ("/v2/sandboxes/{}/connect", {"memory": False}, "memory"),
+        ("/v2/sandboxes/{}/connect", {"memory": "no"}, "memory"),
         ("/sandboxes/{}/resume", {"timeout": 1.5}, "timeout"),
         ("/sandboxes/{}/timeout", {"timeout": True}, "timeout"),
         ("/sandboxes/{}/refreshes", {"duration": -1}, "duration"),

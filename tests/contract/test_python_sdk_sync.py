@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from e2b import (
     AuthenticationException,
@@ -430,3 +431,22 @@ def test_a_sandbox_created_to_pause_on_timeout_is_paused_then_resumed_by_connect
     info = sandbox.get_info()
     assert info.state == SandboxState.RUNNING
     assert info.end_at > datetime.now(UTC) + timedelta(seconds=30)
+
+
+# ----------------------------------------------------------------- filesystem-only pause
+def test_auto_resume_cannot_be_combined_with_a_filesystem_timeout_pause(
+    sdk_env: LiveServer,
+) -> None:
+    # The SDK refuses it itself; the server must too (another client may send it).
+    response = httpx.post(
+        f"{sdk_env.url}/v2/sandboxes",
+        headers={"X-API-Key": sdk_env.api_key},
+        json={
+            "templateID": "base",
+            "autoPause": True,
+            "autoPauseMemory": False,
+            "autoResume": {"enabled": True},
+        },
+    )
+    assert response.status_code == 400, response.text
+    assert "autoResume" in response.json()["message"]

@@ -4,8 +4,11 @@ here reaches any network but loopback and the namespaces made here."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -58,14 +61,38 @@ def network_config(internet: TestInternet, **extra: object) -> NetworkConfig:
     )
 
 
+def listening(pid: int) -> list[tuple[str, int]]:
+    """The TCP (IPv4) addresses process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN
+            hex_address, hex_port = fields[1].split(":")
+            address = socket.inet_ntoa(struct.pack("<I", int(hex_address, 16)))
+            found.append((address, int(hex_port, 16)))
+    return found
+
+
 def start_egress(root: Path) -> subprocess.Popen[bytes]:
+    """The root's egress proxy, once it listens (it exits at once if it cannot)."""
     proxy = subprocess.Popen(
         [sys.executable, "-m", "e2bfacade.runtime.local.egress", str(root)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115
     )
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while proxy.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if listening(proxy.pid):
+                break
+        time.sleep(0.05)
     return proxy
 
 
@@ -74,6 +101,7 @@ def net_runtime(internet: TestInternet) -> Iterator[LocalRuntime]:
     rt = make_runtime(network=network_config(internet))
     rt.ensure_base_image()
     proxy = start_egress(rt.root)
+    assert proxy.poll() is None, (rt.root / "egress.log").read_text()
     yield rt
     proxy.kill()
     proxy.wait()

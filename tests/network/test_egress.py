@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from e2bfacade.runtime.base import NetworkPolicy
+from e2bfacade.runtime.base import BUILTIN_IMAGE, NetworkPolicy, SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
-from tests.network.conftest import curl, sh
+from tests.network.conftest import curl, network_config, sh
+from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
 
 WEB = "203.0.113.10"  # allowed.example
@@ -263,8 +264,6 @@ def test_a_restarted_service_adopts_the_network_of_running_sandboxes(
 
 
 def test_many_create_kill_cycles_leak_nothing(net_runtime: LocalRuntime) -> None:
-    from e2bfacade.runtime.base import BUILTIN_IMAGE, SandboxSpec
-
     network = net_runtime.network
     assert network is not None
     before = (network.elements(), len(list(network.records.iterdir())))
@@ -305,3 +304,25 @@ def test_the_sweep_releases_only_rules_no_sandbox_holds(
     # The live sandbox's rules are untouched: it is still refused the internet.
     assert network.record(slot) is not None
     assert curl(net_runtime, sid, f"http://{WEB}/")[0] != 0
+
+
+def test_while_no_egress_proxy_listens_a_domain_sandbox_is_held_to_its_cidr_rules(
+    internet: TestInternet,
+) -> None:
+    rt = make_runtime(network=network_config(internet))
+    try:
+        rt.ensure_base_image()
+        sid = "noproxy" + str(time.monotonic_ns() % 100000)
+        policy = NetworkPolicy(
+            allow_internet=True, allow_out=("allowed.example", OTHER), deny_out=("0.0.0.0/0",)
+        )
+        rt.create(SandboxSpec(sid, BUILTIN_IMAGE, network=policy))
+        # No proxy: the name is allowed by no one, the CIDR rules hold as on any port.
+        assert curl(rt, sid, "http://allowed.example/")[0] != 0
+        assert curl(rt, sid, f"http://{WEB}/")[0] != 0
+        code, body = curl(rt, sid, f"http://{OTHER}/")
+        assert code == 0 and served_by(body) == OTHER, body
+    finally:
+        destroy_runtime(rt)
+        assert rt.network is not None
+        rt.network.teardown()

@@ -192,22 +192,24 @@ def test_a_sandbox_launched_by_a_crashed_sandboxd_keeps_a_reaper(
     )
 
 
-def test_a_sandbox_whose_init_died_is_dead_and_reaped(
+def test_a_sandbox_whose_init_died_is_kept_with_its_files_and_what_it_held_is_released(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
     ok(runtime, sandbox_id, "sleep 60 >/dev/null 2>&1 &")
     assert sandbox_id in runtime.live_ids()  # its init's pidfd is now kept (InitWatch)
     os.kill(info.init_pid, signal.SIGKILL)  # the kernel then kills the whole pid namespace
-    assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.DEAD, timeout=2)
-    assert sandbox_id not in runtime.live_ids()  # the kept pidfd says it ended
+    assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.PAUSED, timeout=2)
+    assert sandbox_id in runtime.census().kept  # the kept pidfd says it ended; its disk stays
     with pytest.raises(RuntimeConflict):
         run(runtime, sandbox_id, ["true"])
 
-    assert sandbox_id in runtime.sweep()
-    assert not (runtime.root / "sandboxes" / sandbox_id).exists()
+    assert sandbox_id not in runtime.sweep()  # not reaped: its groups go, its files stay
+    assert (runtime.root / "sandboxes" / sandbox_id / "disk.img").exists()
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
-    assert sandbox_id not in {s.sandbox_id for s in runtime.list()}
+    assert sandbox_id in {s.sandbox_id for s in runtime.list()}
+    assert runtime.kill(sandbox_id) is True  # only a kill deletes it
+    assert not (runtime.root / "sandboxes" / sandbox_id).exists()
     assert runtime.kill(sandbox_id) is False
 
 

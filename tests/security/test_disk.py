@@ -136,15 +136,19 @@ def test_killing_a_sandbox_removes_its_disk_and_loop_device(
     assert buried(runtime, sandbox_id)
 
 
-def test_a_dead_sandbox_s_disk_is_swept(runtime: LocalRuntime, sandbox_id: str) -> None:
+def test_a_crashed_sandbox_s_disk_is_kept_until_it_is_killed(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
     d = runtime.root / "sandboxes" / sandbox_id
     os.kill(info.init_pid, signal.SIGKILL)
     for _ in range(200):
-        if runtime.status(sandbox_id).state is SandboxState.DEAD:
+        if runtime.status(sandbox_id).state is SandboxState.PAUSED:
             break
         os.sched_yield()
-    assert sandbox_id in runtime.sweep()
+    assert sandbox_id not in runtime.sweep()
+    assert (d / "disk.img").exists()  # the guest's files: data, never swept
+    assert runtime.kill(sandbox_id) is True
     assert not d.exists()
     assert wait_until(lambda: not any(sandbox_id in b for b in loop_backings())), loop_backings()
 

@@ -12,6 +12,8 @@ Inside the namespace, on its loopback:
   ``connectivitycheck.gstatic.com``), ``203.0.113.20`` (``denied.example``),
   ``203.0.113.30`` (``other.example``): web servers whose answer names the address that
   served and the Host header it got;
+- ``<a>-<b>-<c>-<d>.ip.example`` resolves to the address ``a.b.c.d``, whatever it is (a name
+  for an address a test gives the host, say);
 - port 5001 on every address: a sink for throughput measurements.
 
 HTTPS is served with a certificate of the test internet's own CA (``ca_path``), for every
@@ -211,6 +213,20 @@ class _Threaded(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
+def address_named(name: str) -> str | None:
+    """The address of ``<a>-<b>-<c>-<d>.ip.example``, or None for another name."""
+    label, _, rest = name.partition(".")
+    try:
+        return str(ipaddress.IPv4Address(label.replace("-", "."))) if rest == "ip.example" else None
+    except ValueError:
+        return None
+
+
+def ip_name(address: str) -> str:
+    """The test internet's name for ``address`` (:func:`address_named`'s inverse)."""
+    return f"{address.replace('.', '-')}.ip.example"
+
+
 def _dns_answer(wire: bytes) -> bytes | None:
     import dns.message
     import dns.rcode
@@ -223,11 +239,11 @@ def _dns_answer(wire: bytes) -> bytes | None:
     reply = dns.message.make_response(query)
     for question in query.question:
         name = question.name.to_text().rstrip(".").lower()
-        if name in NAMES:
-            if question.rdtype == 1:  # A
-                reply.answer.append(dns.rrset.from_text(question.name, 60, "IN", "A", NAMES[name]))
-        else:
+        address = NAMES.get(name) or address_named(name)
+        if address is None:
             reply.set_rcode(dns.rcode.NXDOMAIN)
+        elif question.rdtype == 1:  # A
+            reply.answer.append(dns.rrset.from_text(question.name, 60, "IN", "A", address))
     return bytes(reply.to_wire())
 
 

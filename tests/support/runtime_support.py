@@ -3,9 +3,11 @@ a session's sandbox root, the per-test runtime fixture's body, and a thorough cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +37,34 @@ def helper_pids(root: Path) -> list[int]:
         if any(prefix in arg for arg in argv):
             pids.append(int(entry))
     return pids
+
+
+def power_cut(root: Path) -> None:
+    """What a power cut leaves of the runtime root ``root``: every process of it gone at
+    once — the launcher daemon and its keeper, spare launchers, every sandbox's init and
+    agent (all in the root's cgroups) — and, as after a reboot, none of its disks mounted.
+    (The service's own processes, gunicorn and the rest, are the caller's to kill.)"""
+    from e2bfacade.runtime.local.cgroups import detect
+    from e2bfacade.runtime.local.network import digest_of
+
+    for pid in helper_pids(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    cgroups = detect(f"e2bfacade-{digest_of(root)}", "auto")
+    for name in cgroups.names():
+        cgroups.kill_all(name)
+    for name in cgroups.names():
+        cgroups.wait_empty(name)
+    for pid in helper_pids(root):
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.waitpid(pid, 0)  # ours, when this process's runtime started it
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(f"{root}/")
+    ]
+    for mount_point in sorted(mounts, reverse=True):
+        subprocess.run(["umount", "-l", mount_point], check=True)
 
 
 def kill_everything(rt: LocalRuntime) -> None:

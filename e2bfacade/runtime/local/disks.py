@@ -13,17 +13,23 @@ without ``CONFIG_QUOTA`` (ext4 project quotas) and without XFS quota support, th
 container engines usually cap an upper directory. An image per sandbox needs neither, and
 gives the guest a true ENOSPC and its own inode table (a project quota answers EDQUOT).
 
-Cost, measured on the development machine: ``mkfs.ext4`` without a journal about 2.5 ms
-(the journal is pointless on a disk that dies with its sandbox), loop attach 0.2 ms, mount
-about 1.2 ms; teardown is a lazy unmount (about 2 ms) and an unlink. The loop device is
-configured to detach itself when the last mount goes (``LO_FLAGS_AUTOCLEAR``), so a
-killed sandbox leaves no device behind.
+A disk outlives its sandbox's processes: a filesystem-only pause, a crash of the runtime or
+a host reboot leave it (the sandbox is then paused and cold-boots from it). So it has a
+small journal (4 MiB, from 64 MiB disks up; lazily initialised, so formatting costs the
+same), and a disk that a reboot left unmounted is checked (``e2fsck -p``, or ``-y`` when
+preening is not enough) before it is mounted again.
+
+Cost, measured on the development machine: ``mkfs.ext4`` about 2.5 ms with or without the
+lazily initialised journal, loop attach 0.2 ms, mount about 1.2 ms; teardown is a lazy
+unmount (about 2 ms) and an unlink. The loop device is configured to detach itself when
+the last mount goes (``LO_FLAGS_AUTOCLEAR``), so a killed sandbox leaves no device behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -38,6 +44,7 @@ from e2bfacade.runtime.local.state import Layout
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syncfs.argtypes = [ctypes.c_int]
 
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
@@ -47,10 +54,22 @@ MS_NODEV = 4
 MS_NOATIME = 1024
 MS_BIND = 4096
 MNT_DETACH = 2
-__all__ = ["MIN_DISK_MB", "DiskPool", "attach", "detach", "usage"]
+__all__ = [
+    "MIN_DISK_MB",
+    "DiskPool",
+    "attach",
+    "detach",
+    "ensure_mounted",
+    "exists",
+    "sync",
+    "usage",
+]
 log = logging.getLogger(__name__)
 IMAGE = "disk.img"
 MOUNT = "disk"
+JOURNAL_MB = 4
+JOURNAL_FROM_MB = 64
+TOOLS_PATH = {"PATH": "/usr/sbin:/sbin:/usr/bin:/bin"}
 
 
 def _check(rc: int, what: str) -> None:
@@ -95,8 +114,10 @@ def _format(image: Path, size_mb: int) -> None:
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
     os.chmod(image, 0o600)
-    # No journal (the disk dies with its sandbox; a host crash kills the sandbox too), no
-    # reserved blocks (the guest's root may use all of it), inode tables initialised lazily.
+    # A small journal (the disk outlives a crash; below 64 MiB it would take too much of
+    # it), no reserved blocks (the guest's root may use all of it), inode tables and the
+    # journal initialised lazily.
+    journal = ["-J", f"size={JOURNAL_MB}"] if size_mb >= JOURNAL_FROM_MB else ["-O", "^has_journal"]
     done = subprocess.run(
         [
             "mkfs.ext4",
@@ -105,14 +126,15 @@ def _format(image: Path, size_mb: int) -> None:
             "-m",
             "0",
             "-O",
-            "^has_journal,^resize_inode",
+            "^resize_inode",
+            *journal,
             "-E",
-            "lazy_itable_init=1,nodiscard",
+            "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
             str(image),
         ],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/sbin:/sbin:/usr/bin:/bin"},
+        env=TOOLS_PATH,
         check=False,
     )
     if done.returncode != 0:
@@ -121,7 +143,8 @@ def _format(image: Path, size_mb: int) -> None:
 
 
 def _mount(image: Path, mount_point: Path) -> None:
-    """Mount ``image`` on ``mount_point`` with ``upper`` and ``work`` in it (root's)."""
+    """Mount ``image`` on ``mount_point`` with ``upper`` and ``work`` in it (root's, when
+    they are new)."""
     mount_point.mkdir(mode=0o700, exist_ok=True)
     device, fd = _loop_attach(image)
     try:
@@ -131,7 +154,7 @@ def _mount(image: Path, mount_point: Path) -> None:
     finally:
         os.close(fd)  # unmounted or failed: the device detaches itself
     for sub in ("upper", "work"):
-        (mount_point / sub).mkdir(mode=0o755)
+        (mount_point / sub).mkdir(mode=0o755, exist_ok=True)
 
 
 def _own(mount_point: Path, owner: int) -> None:
@@ -157,6 +180,83 @@ def attach(sandbox_dir: Path, size_mb: int, owner: int) -> Path:
     _mount(image, mount_point)
     _own(mount_point, owner)
     return mount_point
+
+
+def exists(sandbox_dir: Path) -> bool:
+    """Whether the sandbox has a disk (mounted or not): its files outlive its processes."""
+    return os.path.exists(sandbox_dir / IMAGE)
+
+
+def ensure_mounted(sandbox_dir: Path) -> None:
+    """Mount the sandbox's existing disk again where a host reboot (or an operator) left it
+    unmounted, after checking it: a reboot may have cut its last writes short. Nothing to do
+    when it is mounted. Raises OSError when it cannot be had (the files stay as they are)."""
+    mount_point = sandbox_dir / MOUNT
+    if os.path.ismount(mount_point):
+        return
+    image = sandbox_dir / IMAGE
+    if not image.exists():
+        raise OSError(errno.ENOENT, f"{sandbox_dir.name} has no disk")
+    # Still attached (its last mount lazily detached elsewhere, a process that copied the
+    # host's mounts holding it): mounting a second loop device of the same image would
+    # make two file systems of one disk. Mount the device it has: the same superblock.
+    device = _attached_device(image)
+    if device is None:
+        _repair(image)
+        _mount(image, mount_point)
+        return
+    mount_point.mkdir(mode=0o700, exist_ok=True)
+    flags = MS_NODEV | MS_NOSUID | MS_NOATIME
+    _check(
+        _libc.mount(device.encode(), os.fsencode(mount_point), b"ext4", flags, None),
+        f"mount {device}",
+    )
+
+
+def _attached_device(image: Path) -> str | None:
+    st = image.stat()
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            target = os.stat(backing.read_text().strip())
+        except (FileNotFoundError, OSError):
+            continue
+        if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino):
+            return f"/dev/{backing.parent.parent.name}"
+    return None
+
+
+def _repair(image: Path) -> None:
+    """``e2fsck -p`` (preen: the safe automatic fixes), then ``-y`` if preening found more
+    than it may fix on its own. Exit codes below 4 mean the file system is usable."""
+    for mode in ("-p", "-y"):
+        done = subprocess.run(
+            ["e2fsck", mode, "-f", str(image)],
+            capture_output=True,
+            text=True,
+            env=TOOLS_PATH,
+            check=False,
+            timeout=600,
+        )
+        if done.returncode < 4:
+            if done.returncode:
+                log.warning("e2fsck %s repaired %s: %s", mode, image, done.stdout.strip()[-500:])
+            return
+    raise OSError(
+        errno.EIO, f"the disk {image} is damaged beyond e2fsck's repair: {done.stdout[-500:]}"
+    )
+
+
+def sync(sandbox_dir: Path) -> None:
+    """Write the disk's dirty pages out (syncfs): a paused sandbox's files then survive a
+    power cut too."""
+    mount_point = sandbox_dir / MOUNT
+    if not os.path.ismount(mount_point):
+        return
+    fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _check(_libc.syncfs(fd), f"syncfs {mount_point}")
+    finally:
+        os.close(fd)
 
 
 class DiskPool:

@@ -1,10 +1,16 @@
 """The ``local`` driver: real Linux sandboxes on this host (state on disk: see
 :mod:`.state`; images: :mod:`.images`; inside a guest: :mod:`.processes`, :mod:`.files`).
 
-Isolation: own pid, mount, uts, ipc, net (loopback only) and cgroup namespaces; an overlay
-root over the image chain; cgroup memory, pid and cpu limits; a reaping PID 1; capabilities
-reduced to Docker's default set minus MKNOD; /proc/sys and friends read-only. There is no
-user namespace: guest root is host root with those capabilities removed.
+Isolation (docs/ARCHITECTURE.md, "The local driver"): a user namespace per sandbox with its
+own host id range, and pid, mount, uts, ipc, net and cgroup namespaces; an overlay root
+over idmapped read-only image layers, its writable layer on a disk of its own; cgroup
+memory, pid and cpu limits; seccomp; a reaping PID 1; a veth link and nftables rules when
+networking is configured.
+
+A sandbox's files outlive its processes: a filesystem-only pause ends the processes and
+keeps the disk, and a sandbox whose processes died under it (a crash, a host reboot) is
+kept the same way, paused, with a reason. A resume cold-boots it: a new init on the same
+disk, id range, host name and access token.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from e2bfacade.runtime.base import (
+    CRASH_REASON,
     DEFAULT_USER,
     Capability,
     Capacity,
+    Census,
     CreateRefused,
     EntryInfo,
     FileType,
@@ -39,18 +47,22 @@ from e2bfacade.runtime.base import (
     ImageBuild,
     ImageInfo,
     ImageInUse,
+    ImageNotFound,
     LimitExceeded,
     Metrics,
     NetworkPolicy,
+    PauseMode,
     ProcessInfo,
     ProcessNotFound,
     ProcessSpec,
     PtySize,
     Runtime,
+    RuntimeBusy,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxInfo,
     SandboxNotFound,
+    SandboxRuntimeError,
     SandboxSpec,
     SandboxState,
     StartCommand,
@@ -78,7 +90,6 @@ from e2bfacade.runtime.local.processes import (
 )
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import (
-    ID_FIRST_BASE,
     ID_RANGE,
     InitWatch,
     Layout,
@@ -104,8 +115,22 @@ class LocalSandboxInfo(SandboxInfo):
 class LocalRuntime:
     name = "local"
     capabilities = frozenset(
-        {Capability.PROCESSES, Capability.PTY, Capability.FILES, Capability.DISK_QUOTA}
+        {
+            Capability.PROCESSES,
+            Capability.PTY,
+            Capability.FILES,
+            Capability.DISK_QUOTA,
+            Capability.FILESYSTEM_PAUSE,
+            Capability.REBOOT_ON_RESUME,
+        }
     )
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
+        """With networking configured (``network``), internet access and network rules."""
+        if options.get("network") is None:
+            return cls.capabilities
+        return cls.capabilities | {Capability.INTERNET_ACCESS, Capability.NETWORK_RULES}
 
     def __init__(
         self,
@@ -117,6 +142,7 @@ class LocalRuntime:
         spares: int = 2,
         network: NetworkConfig | None = None,
         warm: int = 0,
+        claim_ids: bool = True,  # False: this runtime takes no host ids (state.Layout)
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeUnavailable(
@@ -130,7 +156,8 @@ class LocalRuntime:
             raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
         self.root = root
         self.snapshot_max_bytes = snapshot_max_bytes
-        self.layout = Layout(root)
+        self.layout = Layout(root, claim_ids=claim_ids)
+        self.host_id = _host_id(root)
         self._init_watch = InitWatch()
         self.images = ImageStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
@@ -154,8 +181,6 @@ class LocalRuntime:
         self.disk_pool = DiskPool(self.layout, spares)
         # Networking (network.py): given, or as the root was last configured (a restart, a
         # second process on the same root); none: sandboxes have their own loopback only.
-        if network is not None:
-            save_config(self.layout, network)
         config = network or load_config(self.layout)
         self.network: SandboxNetwork | None = None
         if config is not None:
@@ -168,6 +193,8 @@ class LocalRuntime:
                 # As last configured, but its uplink is gone: this process can still release
                 # rules and kill; new sandboxes get links with no way out (fail closed).
                 log.warning("sandbox networking is not set up", exc_info=True)
+            if network is not None:  # set up: from now on the root's (a refused one is not)
+                save_config(self.layout, network)
             self.capabilities = self.capabilities | {
                 Capability.INTERNET_ACCESS,
                 Capability.NETWORK_RULES,
@@ -219,13 +246,30 @@ class LocalRuntime:
         return self.images.list()
 
     # -------------------------------------------------------------------------- sandboxes
-    def _info(self, state: dict[str, Any], adopted: bool = False) -> LocalSandboxInfo:
+    def _info(self, state: Mapping[str, Any], adopted: bool = False) -> LocalSandboxInfo:
         sid = str(state["sandbox_id"])
         pid = int(state["init_pid"])
-        if proc_starttime(pid) != state["init_start"]:
-            sandbox_state = SandboxState.DEAD
+        mode, reason = None, None
+        parked = state.get("paused")
+        if parked:
+            sandbox_state, mode, reason = (
+                SandboxState.PAUSED,
+                PauseMode.FILESYSTEM,
+                parked["reason"],
+            )
+        elif proc_starttime(pid) != state["init_start"]:
+            # Its processes ended without a pause: its files are kept (a pool sandbox's
+            # are no one's), and it is paused until a resume cold-boots it.
+            if "warm" not in state and disks.exists(self.layout.sandbox_dir(sid)):
+                sandbox_state, mode, reason = (
+                    SandboxState.PAUSED,
+                    PauseMode.FILESYSTEM,
+                    CRASH_REASON,
+                )
+            else:
+                sandbox_state = SandboxState.DEAD
         elif self.cgroups.is_frozen(sid):
-            sandbox_state = SandboxState.PAUSED
+            sandbox_state, mode = SandboxState.PAUSED, PauseMode.FULL
         else:
             sandbox_state = SandboxState.RUNNING
         return LocalSandboxInfo(
@@ -241,6 +285,8 @@ class LocalRuntime:
             traffic_access_token=state.get("traffic_access_token"),
             default_user=str(state.get("default_user") or DEFAULT_USER),
             env_vars=dict(state.get("env_vars") or {}),
+            pause_mode=mode,
+            pause_reason=reason,
             init_pid=pid,
         )
 
@@ -281,6 +327,12 @@ class LocalRuntime:
                             f"sandbox {spec.sandbox_id} exists from image {info.image_id}, "
                             f"not {spec.image_id}"
                         )
+                    if info.pause_mode is PauseMode.FILESYSTEM:
+                        # Made, then its processes ended before its create was answered (a
+                        # crash): it runs again on its files, as its create asked.
+                        booted = self._boot(spec.sandbox_id, state)
+                        self.replenish(spec.disk_mb)
+                        return dataclasses.replace(booted, adopted=True)
                     return info
             # Dead, or half-made by a creator that crashed before writing state.json (we
             # hold the id's lock, so no creator is running): nobody was ever handed this
@@ -325,7 +377,6 @@ class LocalRuntime:
     ) -> LocalSandboxInfo:
         d = self.layout.sandbox_dir(spec.sandbox_id)
         id_base = self.layout.id_base_take(spec.sandbox_id)
-        binds = [b for meta in chain for b in meta.get("host_binds", ())]
         # What the guest's root builds its file system in, owned by the guest's root (host
         # id_base): the init works in it before it mounts anything (its staging mount
         # points live in a tmpfs it makes on stage/).
@@ -337,14 +388,52 @@ class LocalRuntime:
         # The writable layer, disk/upper, on a file system of its own (disks.py).
         if not self.disk_pool.claim(d, spec.disk_mb, owner=id_base):
             disks.attach(d, spec.disk_mb, owner=id_base)
-        link = None
         if self.network is not None:
-            # Rules first, then the link: the guest never has a moment of unfiltered egress.
-            slot = (id_base - ID_FIRST_BASE) // ID_RANGE
-            self.network.apply(slot, spec.sandbox_id, spec.network)
-            link = self.network.link(slot)
+            # Written into the new layer before the guest ever runs (a cold boot finds what
+            # the guest left there instead).
             self._write_resolv_conf(d, id_base)
             self._write_trust(d, id_base, chain)
+        state: dict[str, Any] = {
+            "sandbox_id": spec.sandbox_id,
+            "image_id": spec.image_id,
+            "cpu_count": spec.cpu_count,
+            "memory_mb": spec.memory_mb,
+            "pids_max": spec.pids_max,
+            "disk_mb": spec.disk_mb,
+            "hostname": spec.hostname,
+            "created_at": time.time(),
+            "id_base": id_base,
+            # What every process started in it gets (the directory is root-only, 0700).
+            "env_vars": dict(spec.env_vars),
+            "default_user": spec.default_user,
+            "envd_access_token": spec.envd_access_token,
+            "traffic_access_token": spec.traffic_access_token,
+            "network": _policy_json(spec.network) if self.network is not None else None,
+            # The template's environment, under env_vars (images.env_of).
+            "image_env": env_of(chain),
+        }
+        if warm_key is not None:
+            state["warm"] = warm_key
+            state["warm_version"] = self._version
+        return self._launch(spec, d, id_base, chain, state)
+
+    def _launch(
+        self,
+        spec: SandboxSpec,
+        d: Path,
+        id_base: int,
+        chain: builtins.list[dict[str, Any]],
+        state: dict[str, Any],
+    ) -> LocalSandboxInfo:
+        """Start the sandbox's init on its prepared directory and disk, and write its state
+        (with the init's identity): the commit point. A create and a cold boot alike."""
+        binds = [b for meta in chain for b in meta.get("host_binds", ())]
+        link = None
+        if self.network is not None and state.get("network") is not None:
+            # Rules first, then the link: the guest never has a moment of unfiltered egress.
+            slot = (id_base - self.layout.id_block_base) // ID_RANGE
+            self.network.apply(slot, spec.sandbox_id, spec.network)
+            link = self.network.link(slot)
         # A launcher already in groups that become the sandbox's (spares.py), or one that
         # joins them itself (and waits for the kernel, on a quiet host).
         launcher = self.spares.claim(d)
@@ -385,31 +474,90 @@ class LocalRuntime:
         start = proc_starttime(pid)
         if start is None:
             raise CreateRefused(f"sandbox {spec.sandbox_id} exited right after it started")
-        state: dict[str, Any] = {
-            "sandbox_id": spec.sandbox_id,
-            "image_id": spec.image_id,
-            "init_pid": pid,
-            "init_start": start,
-            "cpu_count": spec.cpu_count,
-            "memory_mb": spec.memory_mb,
-            "pids_max": spec.pids_max,
-            "disk_mb": spec.disk_mb,
-            "created_at": time.time(),
-            "id_base": id_base,
-            # What every process started in it gets (the directory is root-only, 0700).
-            "env_vars": dict(spec.env_vars),
-            "default_user": spec.default_user,
-            "envd_access_token": spec.envd_access_token,
-            "traffic_access_token": spec.traffic_access_token,
-            "network": _policy_json(spec.network) if link is not None else None,
-            # The template's environment, under env_vars (images.env_of).
-            "image_env": env_of(chain),
-        }
-        if warm_key is not None:
-            state["warm"] = warm_key
-            state["warm_version"] = self._version
-        write_json(d / "state.json", state)  # the commit point: from here it exists
+        state.pop("paused", None)
+        state.update(init_pid=pid, init_start=start, booted_at=time.time())
+        write_json(d / "state.json", state)  # the commit point: from here it runs
         return self._info(state)
+
+    def _boot(self, sandbox_id: str, state: Mapping[str, Any]) -> LocalSandboxInfo:
+        """Cold-boot a sandbox that kept only its files: a new init on its disk, its id
+        range, host name, env vars, access tokens and network rules, then the template's
+        start command. Caller holds the id's lock. On failure it is left as it was, paused
+        with its files, and RuntimeBusy (or RuntimeConflict) says why."""
+        d = self.layout.sandbox_dir(sandbox_id)
+        id_base = self.layout.id_base_of(sandbox_id)
+        if id_base is None or int(state["id_base"]) != id_base:
+            raise RuntimeConflict(f"sandbox {sandbox_id} lost its id range: it cannot boot")
+        reason = (state.get("paused") or {}).get("reason", CRASH_REASON)
+        self._park(sandbox_id, state, reason)  # whatever a crash left of its processes
+        try:
+            chain = self.images.chain(str(state["image_id"]))
+            disks.ensure_mounted(d)
+            (d / "agent.sock").unlink(missing_ok=True)
+            info = self._launch(self._spec_of(state), d, id_base, chain, dict(state))
+            if (start := start_of(chain)) is not None:
+                self._run_start(sandbox_id, start)
+            return info
+        except BaseException as exc:
+            self._park(sandbox_id, state, reason)
+            if isinstance(exc, ImageNotFound):
+                raise RuntimeConflict(f"sandbox {sandbox_id} cannot boot: {exc.message}") from exc
+            if isinstance(exc, (SandboxRuntimeError, OSError)):
+                why = exc.message if isinstance(exc, SandboxRuntimeError) else str(exc)
+                raise RuntimeBusy(f"sandbox {sandbox_id} did not boot: {why}") from exc
+            raise
+
+    def _park(self, sandbox_id: str, state: Mapping[str, Any], reason: str | None) -> None:
+        """End every process of the sandbox and keep its files: paused, filesystem only
+        (``reason``: why, when nobody asked). Its disk, id range and network slot stay; its
+        groups, its rules and its processes' memory go. Caller holds the id's lock.
+
+        Processes first, the record last: a crash in between leaves a sandbox whose init
+        is dead and whose disk is there, which reads as paused just the same."""
+        d = self.layout.sandbox_dir(sandbox_id)
+        if self.cgroups.exists(sandbox_id):
+            self.cgroups.kill_all(sandbox_id)
+            if not self.cgroups.wait_empty(sandbox_id):
+                raise RuntimeUnavailable(f"sandbox {sandbox_id}: processes survived SIGKILL")
+            self.cgroups.remove(sandbox_id)
+        for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
+            self.spares.discard_group(Spares.group_of(claim))
+        slot = self.layout.slot_of(sandbox_id)
+        if self.network is not None and slot is not None:
+            self.network.release(slot)
+        disks.sync(d)  # what it wrote survives a power cut from here on
+        parked = dict(state)
+        parked.update(
+            init_pid=0,
+            init_start=0,
+            paused={"mode": "filesystem", "reason": reason, "at": time.time()},
+        )
+        write_json(d / "state.json", parked)
+
+    @staticmethod
+    def _spec_of(state: Mapping[str, Any]) -> SandboxSpec:
+        """The spec a sandbox was created with, from its state (for a cold boot)."""
+        network = state.get("network") or {}
+        dns = network.get("dns_servers")
+        return SandboxSpec(
+            sandbox_id=str(state["sandbox_id"]),
+            image_id=str(state["image_id"]),
+            cpu_count=int(state["cpu_count"]),
+            memory_mb=int(state["memory_mb"]),
+            pids_max=int(state["pids_max"]),
+            disk_mb=int(state.get("disk_mb") or DEFAULT_DISK_MB),
+            hostname=str(state.get("hostname") or ""),
+            env_vars=dict(state.get("env_vars") or {}),
+            default_user=str(state.get("default_user") or DEFAULT_USER),
+            envd_access_token=state.get("envd_access_token"),
+            traffic_access_token=state.get("traffic_access_token"),
+            network=NetworkPolicy(
+                allow_internet=bool(network.get("allow_internet")),
+                allow_out=tuple(network.get("allow_out") or ()),
+                deny_out=tuple(network.get("deny_out") or ()),
+                dns_servers=None if dns is None else tuple(dns),
+            ),
+        )
 
     def _run_start(self, sandbox_id: str, start: StartCommand) -> None:
         """Start the template's start command; return once it is ready (StartCommand)."""
@@ -523,6 +671,7 @@ class LocalRuntime:
         state.pop("warm_version", None)
         state.update(
             sandbox_id=spec.sandbox_id,
+            hostname=spec.hostname,
             created_at=time.time(),
             env_vars=dict(spec.env_vars),
             envd_access_token=spec.envd_access_token,
@@ -748,19 +897,37 @@ class LocalRuntime:
             raise RuntimeConflict(f"sandbox {sandbox_id} is {info.state}")
         return info
 
-    def pause(self, sandbox_id: str) -> None:
-        """Freeze every process of the sandbox; memory stays as it is. Not idempotent by
-        design: pausing a paused sandbox raises RuntimeConflict (E2B answers 409)."""
+    def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
+        """With ``memory``, freeze every process of the sandbox (memory stays as it is);
+        without, end them and keep its files (:meth:`_park`). Not idempotent by design:
+        pausing a paused sandbox raises RuntimeConflict (E2B answers 409)."""
         with self.layout.locked("sandbox", sandbox_id):
             self._require(sandbox_id, SandboxState.RUNNING)
+            if not memory:
+                self._park(sandbox_id, self._state(sandbox_id), None)
+                return
             self.cgroups.freeze(sandbox_id)
             self._link_up(sandbox_id, False)  # no packet in or out while frozen
 
-    def resume(self, sandbox_id: str) -> None:
+    def resume(self, sandbox_id: str, *, memory: bool = True) -> None:
+        """Thaw a frozen sandbox, or cold-boot one that kept only its files (and, without
+        ``memory``, a frozen one too, whose processes are ended first)."""
         with self.layout.locked("sandbox", sandbox_id):
-            self._require(sandbox_id, SandboxState.PAUSED)
-            self._link_up(sandbox_id, True)
-            self.cgroups.thaw(sandbox_id)
+            info = self._require(sandbox_id, SandboxState.PAUSED)
+            if info.pause_mode is PauseMode.FULL and memory:
+                self._link_up(sandbox_id, True)
+                self.cgroups.thaw(sandbox_id)
+                return
+            if info.pause_mode is PauseMode.FULL:
+                self._park(sandbox_id, self._state(sandbox_id), None)
+            self._boot(sandbox_id, self._state(sandbox_id))
+        self.replenish()
+
+    def _state(self, sandbox_id: str) -> dict[str, Any]:
+        state = self.layout.read_state(sandbox_id)
+        if state is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
+        return state
 
     def _link_up(self, sandbox_id: str, up: bool) -> None:
         slot = self.layout.slot_of(sandbox_id)
@@ -772,12 +939,13 @@ class LocalRuntime:
         open (as E2B), new ones follow the new rules."""
         check_id(sandbox_id, "sandbox id")
         with self.layout.locked("sandbox", sandbox_id):
-            self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
+            info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
             state = self.layout.read_state(sandbox_id) or {}
             slot = self.layout.slot_of(sandbox_id)
             if self.network is None or slot is None or state.get("network") is None:
                 raise RuntimeConflict(f"sandbox {sandbox_id} has no network to update")
-            self.network.apply(slot, sandbox_id, policy)
+            if info.pause_mode is not PauseMode.FILESYSTEM:  # else: applied when it boots
+                self.network.apply(slot, sandbox_id, policy)
             state["network"] = _policy_json(policy)
             write_json(self.layout.sandbox_dir(sandbox_id) / "state.json", state)
 
@@ -813,6 +981,8 @@ class LocalRuntime:
             info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
             if self.images.exists(image_id):
                 return self.images.info(image_id)
+            if info.pause_mode is PauseMode.FILESYSTEM:
+                disks.ensure_mounted(self.layout.sandbox_dir(sandbox_id))
             upper = self.layout.sandbox_dir(sandbox_id) / disks.MOUNT / "upper"
 
             def make(tmp: Path) -> dict[str, Any]:
@@ -848,8 +1018,11 @@ class LocalRuntime:
 
     def metrics(self, sandbox_id: str) -> Metrics:
         info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
-        cpu_ns, mem_used, cache, limit = self.cgroups.stats(sandbox_id)
         d = self.layout.sandbox_dir(sandbox_id)
+        if info.pause_mode is PauseMode.FILESYSTEM:  # no processes: nothing runs or is held
+            used, total = disks.usage(d) if os.path.ismount(d / disks.MOUNT) else (0, 0)
+            return Metrics(info.cpu_count, 0.0, 0, 0, info.memory_mb << 20, 0, used, total, 0)
+        cpu_ns, mem_used, cache, limit = self.cgroups.stats(sandbox_id)
         # CPU % over the interval since the previous sample (or since start).
         now = time.time()
         sample_file = d / "cpu.sample"
@@ -889,10 +1062,15 @@ class LocalRuntime:
             # comes back), so only what looks dead or half-made pays for the lock, and is
             # looked at again under it. What the caller saw live it need not see again:
             # if it died since, the next sweep has it.
-            if self._sweep_keeps(sid):
+            if self._sweep_verdict(sid) == "keep":
                 continue
             with self.layout.locked("sandbox", sid, blocking=False) as got:
-                if got and not self._sweep_keeps(sid) and self._destroy(sid):
+                verdict = self._sweep_verdict(sid) if got else "keep"
+                if verdict == "park":
+                    # Its processes died under it: what they held goes, its files stay.
+                    with contextlib.suppress(SandboxRuntimeError, OSError):
+                        self._park(sid, self._state(sid), CRASH_REASON)
+                elif verdict == "reap" and self._destroy(sid):
                     reaped.append(sid)
         for p in (self.root / "sandboxes").iterdir():
             if p.name.endswith(".deleting"):
@@ -904,26 +1082,45 @@ class LocalRuntime:
         self.replenish()
         return reaped
 
-    def _sweep_keeps(self, sandbox_id: str) -> bool:
-        """Whether the sweep leaves ``sandbox_id`` be: it is created, its init lives, and it
-        is no pool sandbox of older helper binaries (which no create takes)."""
+    def _sweep_verdict(self, sandbox_id: str) -> str:
+        """What the sweep does with ``sandbox_id``: ``keep`` a created sandbox whose init
+        lives or that is paused with its files; ``park`` one whose init died under it
+        (its files are kept: :meth:`_park`); ``reap`` the rest — half-made, a pool sandbox
+        whose init died or that older helper binaries made (which no create takes), one
+        whose disk is gone."""
         state = self.layout.read_state_cached(sandbox_id)
         if state is None or state.get("warm_version", self._version) != self._version:
-            return False
-        return bool(proc_starttime(int(state["init_pid"])) == state["init_start"])
+            return "reap"
+        if state.get("paused"):
+            return "keep"
+        if proc_starttime(int(state["init_pid"])) == state["init_start"]:
+            return "keep"
+        if "warm" in state or not disks.exists(self.layout.sandbox_dir(sandbox_id)):
+            return "reap"
+        return "park"
 
     def live_ids(self) -> set[str]:
-        """The created sandboxes whose init lives (paused ones too; no pool sandbox): what
-        :meth:`list` holds that is not dead, for a census that needs no more than that (the
-        worker's reconcile, every tick). One directory walk, a stat per sandbox (its state
-        is parsed again only when it changed) and one poll of the inits' pidfds
-        (:class:`InitWatch`, kept by this runtime object)."""
-        inits = {}
+        return set(self.census().live)
+
+    def census(self) -> Census:
+        """The created sandboxes (no pool sandbox) that are not dead: those whose init
+        lives (paused or not), and those ``kept`` with their files only (paused filesystem
+        only, or their init died and their disk is there) — what :meth:`list` holds that is
+        not dead, for the worker's reconcile, every tick. One directory walk, a stat per
+        sandbox (its state is parsed again only when it changed), one poll of the inits'
+        pidfds (:class:`InitWatch`, kept by this runtime object) and a stat per dead one."""
+        inits, kept = {}, set()
         for sid in self.layout.sandbox_ids():
             state = self.layout.read_state_cached(sid)
-            if state is not None and "warm" not in state:
+            if state is None or "warm" in state:
+                continue
+            if state.get("paused"):
+                kept.add(sid)
+            else:
                 inits[sid] = (int(state["init_pid"]), int(state["init_start"]))
-        return self._init_watch.alive(inits)
+        alive = self._init_watch.alive(inits)
+        kept |= {s for s in inits.keys() - alive if disks.exists(self.layout.sandbox_dir(s))}
+        return Census(live=frozenset(alive | kept), kept=frozenset(kept))
 
     def _claimed_spares(self) -> set[str]:
         claimed = set()
@@ -1174,6 +1371,22 @@ def _host_capacity(root: Path, reserve_mb: int | None) -> Capacity:
         pids=max(min(threads, pid_max) // 2, 64),
         disk_mb=disk.total >> 20,
     )
+
+
+def _host_id(root: Path) -> str:
+    """This root's host id: the machine's name and the root's path when the root was first
+    used (kept in ``root/host-id``, so a renamed machine keeps its sandboxes)."""
+    path = root / "host-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    tmp = root / f".host-id.{os.getpid()}.tmp"
+    tmp.write_text(f"{socket.gethostname()}:{root}\n")
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp, path)  # the first process to name it wins; the others read its name
+    tmp.unlink()
+    return path.read_text().strip()
 
 
 def _conforms(runtime: LocalRuntime) -> Runtime:

@@ -1,9 +1,11 @@
 """The egress proxy: domain names in ``allowOut``, matched as E2B matches them.
 
 A sandbox whose ``allowOut`` names a domain has its new TCP connections to ports 80 and 443
-redirected here by nftables (network.py, ``proxied``). The proxy reads the first bytes the
-guest sends — the HTTP request's ``Host`` header on port 80, the TLS ClientHello's server
-name on 443 — and decides in E2B's order:
+diverted here by nftables (network.py, ``proxied`` and ``divert``: TPROXY, so the accepted
+socket's own address is the one the guest dialled, and the proxy listens on 127.0.0.1
+only — nothing but diverted sandbox connections can reach it). The proxy reads the first
+bytes the guest sends — the HTTP request's ``Host`` header on port 80, the TLS
+ClientHello's server name on 443 — and decides in E2B's order:
 
 1. the name matches an allowed domain (``example.com`` exactly, ``*.example.com`` any name
    below it but not itself, ``*`` anything): the proxy resolves the *name* itself, through
@@ -12,13 +14,21 @@ name on 443 — and decides in E2B's order:
 2. otherwise the address the guest connected to is judged by the CIDR rules: allowed,
    denied, or (matched by neither) allowed.
 
-The never-reachable ranges hold here too: a name that resolves into them is refused. A
-refused connection is closed right after it was accepted (as E2B's proxy does). Every
-socket the proxy opens carries the runtime's routing mark, so it leaves by the sandboxes'
-uplink, never by the host's own routes.
+The never-reachable list holds on both paths, for the address the proxy is about to dial:
+the configured ranges, the sandboxes' range, the uplink's networks, and every address of
+this host on any interface, as the kernel has them at that moment (hostaddrs.py). The
+proxy dials from the host's network namespace, where the host's own addresses are
+delivered locally before any routing mark applies; the kernel refuses that too
+(network.py, ``proxy_out``). A refused connection is closed right after it was accepted (as
+E2B's proxy does). Every socket the proxy opens carries the runtime's routing mark, so it
+leaves by the sandboxes' uplink, never by the host's own routes.
 
-Run as ``python -m e2bfacade.runtime.local.egress SANDBOX_ROOT`` (``manage.py serve``
-supervises it); it serves every sandbox of that root.
+Run as ``python -m e2bfacade.runtime.local.egress SANDBOX_ROOT [NETWORK_JSON]``
+(``manage.py serve`` supervises it and gives it the service's networking configuration;
+without one it takes what the root's runtime saved); it serves every sandbox of that root.
+It claims the root's share of the host's network as every runtime process does
+(roots.py), so a root that collides with another root of this host stops it at start
+with a message naming the other root.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import socket
 import struct
@@ -39,12 +50,19 @@ import dns.message
 import dns.query
 import dns.rdatatype
 
-from e2bfacade.runtime.local.network import SandboxNetwork, digest_of, load_config
+from e2bfacade.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.local.hostaddrs import HostAddresses
+from e2bfacade.runtime.local.network import (
+    NetworkConfig,
+    SandboxNetwork,
+    digest_of,
+    load_config,
+)
 from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
 
-SO_ORIGINAL_DST = 80
+IP_TRANSPARENT = 19  # <linux/in.h>: accept connections diverted by TPROXY
 HEAD_MAX = 16 * 1024
 HEAD_SECONDS = 10.0
 CONNECT_SECONDS = 10.0
@@ -99,14 +117,19 @@ def host_header(head: bytes) -> str | None:
 
 
 class EgressProxy:
-    def __init__(self, root: Path) -> None:
-        layout = Layout(root)
-        config = load_config(layout)
+    """The proxy of the root ``root``, with its service's networking ``config`` (None: as
+    the root's runtime last saved it, once there is one)."""
+
+    def __init__(self, root: Path, config: NetworkConfig | None = None) -> None:
+        layout = Layout(root, claim_ids=False)  # the proxy starts no sandboxes
         while config is None:  # written by the service's first runtime, in a moment
-            time.sleep(0.5)
             config = load_config(layout)
+            if config is None:
+                time.sleep(0.5)
         self.net = SandboxNetwork(layout, config, digest_of(root))
-        self.blocked = [ipaddress.IPv4Network(b) for b in self.net.blocked()]
+        self.net.setup()  # claims the root's port, or refuses naming the root in the way
+        self.never = self.net.never_reachable()
+        self.host = HostAddresses()
 
     def _socket(self, kind: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
@@ -114,8 +137,11 @@ class EgressProxy:
         return s
 
     def _is_blocked(self, address: str) -> bool:
+        """Whether ``address`` is never to be dialled: checked right before each dial."""
         ip = ipaddress.IPv4Address(address)
-        return any(ip in net for net in self.blocked)
+        if ip in self.host.addresses() or any(ip in net for net in self.never):
+            return True
+        return any(ip in net for net in self.host.networks(self.net.config.uplink))
 
     def resolve(self, name: str) -> str | None:
         """An IPv4 address of ``name`` from the sandboxes' DNS servers (None: none)."""
@@ -159,10 +185,8 @@ class EgressProxy:
             record = self.net.record(slot) if slot is not None else None
             if record is None:
                 return
-            sock = writer.get_extra_info("socket")
-            raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
-            port = struct.unpack_from(">H", raw, 2)[0]
-            address = socket.inet_ntoa(raw[4:8])
+            # Diverted, not translated: the socket's own address is the guest's target.
+            address, port = writer.get_extra_info("sockname")[:2]
             head, name = b"", None
             loop = asyncio.get_running_loop()
             deadline = loop.time() + HEAD_SECONDS
@@ -206,10 +230,26 @@ class EgressProxy:
                     with contextlib.suppress(OSError):
                         w.close()
 
+    def listener(self) -> socket.socket:
+        """The listening socket: 127.0.0.1 and the root's port, transparent (it accepts the
+        connections TPROXY diverts to it, whatever address they were for)."""
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        port = self.net.proxy_port
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            s.close()
+            raise RuntimeUnavailable(
+                f"the egress proxy of {self.net.layout.root} cannot listen on 127.0.0.1:{port}: "
+                f"{exc.strerror}; set SANDBOX_EGRESS_PORT to a free port (or 'auto')"
+            ) from None
+        s.setblocking(False)
+        return s
+
     async def serve(self) -> None:
-        server = await asyncio.start_server(
-            self.handle, "0.0.0.0", self.net.config.proxy_port, reuse_address=True
-        )
+        server = await asyncio.start_server(self.handle, sock=self.listener(), backlog=1024)
         async with server:
             await server.serve_forever()
 
@@ -227,11 +267,22 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m e2bfacade.runtime.local.egress SANDBOX_ROOT", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print(
+            "usage: python -m e2bfacade.runtime.local.egress SANDBOX_ROOT [NETWORK_JSON]",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO)
-    asyncio.run(EgressProxy(Path(argv[0])).serve())
+    # ``manage.py serve`` gives its own configuration: what the root saved may be an older
+    # run's (one that was refused, say).
+    config = NetworkConfig.from_json(json.loads(argv[1])) if len(argv) == 2 else None
+    try:
+        proxy = EgressProxy(Path(argv[0]), config)
+        asyncio.run(proxy.serve())
+    except RuntimeUnavailable as exc:
+        print(f"egress proxy: {exc.message}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -7,28 +7,41 @@ the /30 at ``cidr + 4N`` (host side ``+1``, guest side ``+2``) and the host inte
 too, and they are reclaimed with the slot. sandboxd makes the pair (net.c); it dies with
 the sandbox's network namespace, so a kill has no interface to remove.
 
+Several runtime roots on one host. What a root installs host-wide (its range, routing
+preferences, tables and marks, its nftables table, interface names, the egress port) is
+claimed in the host's registry of roots first (roots.py); a claim that collides with
+another root's is refused, naming that root, before anything is installed.
+
 Routing. Traffic from the sandboxes' range (and the egress proxy's, by its mark) is routed
 by its own table: a default route through the configured uplink, and nothing else (an
 ``unreachable`` rule after it), so sandbox traffic can only ever leave through the uplink,
 whatever the host's main table says. IPv4 forwarding is switched on for the sandbox links
-and the uplink only, not host-wide.
+and the uplink only, not host-wide. Connections diverted to the egress proxy carry a mark
+of their own that routes them to this host (a ``local`` default route in a second table:
+TPROXY), so the proxy listens on 127.0.0.1 only.
 
 Filtering, one table per runtime root (``inet e2bfacade_<digest>``), a fixed set of chains
 and sets (see nft.py for why a sandbox is only ever set elements):
 
 - ``outbound`` (forwarded from a sandbox): replies of established flows pass; anything not
-  leaving by the uplink, or to ``blocked`` (link-local and metadata addresses, the host's
-  own networks, the sandboxes' range, operator-listed ranges), is refused; then the
+  leaving by the uplink, or to ``blocked`` (link-local and metadata addresses, the
+  sandboxes' range, the uplink's networks, operator-listed ranges), is refused; then the
   sandbox's ``allowOut`` CIDRs pass, its ``denyOut`` CIDRs (and ``0.0.0.0/0`` when internet
   access is off) are refused, and the rest passes: E2B's precedence (allow wins over deny,
   default allow). A CIDR of prefix length L is an element ``"<ifname>" . <network>`` of the
   hash sets ``allowL`` / ``denyL``, matched by masking the destination: 33 lookups per
   new flow, O(1) each, whatever the number of sandboxes.
-- ``from_guest`` (to the host itself, any of its addresses): only the egress proxy's port,
-  and only for connections redirected to it; everything else is refused.
-- Sandboxes with domain names in ``allowOut`` are in ``proxied``: their new TCP connections
-  to ports 80 and 443 are redirected to the egress proxy (egress.py), which matches the
-  HTTP Host header or the TLS server name against the domains, as E2B does.
+- ``from_guest`` (to the host itself, any of its addresses): only connections diverted to
+  the egress proxy; everything else is refused.
+- Sandboxes with domain names in ``allowOut`` are in ``proxied``: ``divert`` hands their new
+  TCP connections to ports 80 and 443 to the egress proxy (egress.py; TPROXY keeps the
+  address the guest dialled), which matches the HTTP Host header or the TLS server name
+  against the domains, as E2B does. While no proxy listens, TPROXY lets the connection
+  through undiverted and it is judged by the sandbox's CIDR rules, as on any other port
+  (never more than the proxy would allow: a name is only ever allowed by the proxy).
+- ``proxy_out``: a socket of the egress proxy (by its mark) leaves by the uplink or not at
+  all; in particular it is never delivered to the host itself, which the ``local`` table
+  (``ip rule`` 0, looked up before any mark) would otherwise do for the host's addresses.
 - ``postrouting`` masquerades the sandboxes' range behind the uplink's address.
 
 Refused connections are answered (TCP reset, ICMP administratively prohibited), so a client
@@ -53,13 +66,15 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import CreateRefused, NetworkPolicy, RuntimeUnavailable
+from e2bfacade.runtime.local import roots
 from e2bfacade.runtime.local.nft import Nft, NftError, shared
 from e2bfacade.runtime.local.state import ID_SLOTS, Layout, write_json
 
 log = logging.getLogger(__name__)
 
-# Never reachable from a sandbox, whatever its rules say (with the host's own addresses, the
-# sandboxes' range and the uplink's networks, added at setup): E2B's always-blocked ranges.
+# Never reachable from a sandbox, whatever its rules say (with the sandboxes' range and the
+# uplink's networks, added at setup, and the host's own addresses, which the input hook
+# refuses and the egress proxy follows as they change): E2B's always-blocked ranges.
 DEFAULT_BLOCKED = (
     "0.0.0.0/8",
     "10.0.0.0/8",
@@ -89,7 +104,9 @@ class NetworkConfig:
     cidr: str = "10.250.0.0/18"
     dns_servers: tuple[str, ...] = DEFAULT_DNS
     blocked: tuple[str, ...] = DEFAULT_BLOCKED
-    proxy_port: int = 49990
+    # The egress proxy's port on 127.0.0.1; None: chosen when the root is registered
+    # (roots.py), unique among this host's roots.
+    proxy_port: int | None = None
     # A PEM file of CAs the sandboxes also trust (a TLS-inspecting egress proxy's, a test
     # internet's): appended to each sandbox's /etc/ssl/certs/ca-certificates.crt.
     extra_ca: str | None = None
@@ -112,7 +129,7 @@ class NetworkConfig:
             and b"BEGIN CERTIFICATE" not in Path(self.extra_ca).read_bytes()
         ):
             raise ValueError(f"{self.extra_ca} holds no PEM certificate")
-        if not 1 <= self.proxy_port <= 65535:
+        if self.proxy_port is not None and not 1 <= self.proxy_port <= 65535:
             raise ValueError(f"the egress proxy port {self.proxy_port} is not a port")
 
     def to_json(self) -> dict[str, Any]:
@@ -126,7 +143,7 @@ class NetworkConfig:
             cidr=data["cidr"],
             dns_servers=tuple(data["dns_servers"]),
             blocked=tuple(data["blocked"]),
-            proxy_port=int(data["proxy_port"]),
+            proxy_port=None if data.get("proxy_port") is None else int(data["proxy_port"]),
             extra_ca=data.get("extra_ca"),
         )
 
@@ -209,31 +226,118 @@ def rules_for(policy: NetworkPolicy, ifname: str, default_dns: tuple[str, ...]) 
     return rules
 
 
+def _ip(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if check and done.returncode != 0:
+        raise RuntimeUnavailable(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _same_rule(line: str, rule: list[str]) -> bool:
+    words = line.split()
+    return all(word in words for word in rule[:-2])  # all but "pref N"
+
+
+def wanted_rules(claim: roots.RootClaim) -> list[list[str]]:
+    """A root's policy-routing rules (``ip rule add`` arguments)."""
+    p, table, divert_table = claim.rule_pref, str(claim.route_table), str(claim.divert_table)
+    net, mark, divert = claim.cidr, hex(claim.mark), hex(claim.divert_mark)
+    return [
+        ["to", net, "lookup", "main", "pref", str(p - 1)],
+        ["fwmark", divert, "lookup", divert_table, "pref", str(p - 1)],
+        ["from", net, "lookup", table, "pref", str(p)],
+        ["fwmark", mark, "lookup", table, "pref", str(p)],
+        ["from", net, "unreachable", "pref", str(p + 1)],
+        ["fwmark", mark, "unreachable", "pref", str(p + 1)],
+    ]
+
+
+def table_exists(name: str) -> bool:
+    wanted = {"family": "inet", "name": name}
+    return any(
+        wanted.items() <= item.get("table", {}).items() for item in shared().json("list tables")
+    )
+
+
+def installed(claim: roots.RootClaim) -> bool:
+    """Whether the kernel holds anything of ``claim``: its table or any of its rules."""
+    if table_exists(claim.table):
+        return True
+    lines = _ip("rule", "show", check=False).splitlines()
+    return any(
+        line.startswith(f"{rule[-1]}:") and _same_rule(line, rule)
+        for rule in wanted_rules(claim)
+        for line in lines
+    )
+
+
+def uninstall(claim: roots.RootClaim) -> None:
+    """Remove what ``claim``'s root installed: its table, its rules, its route tables."""
+    with contextlib.suppress(NftError):
+        shared().run(f"delete table inet {claim.table}")
+    for rule in wanted_rules(claim):
+        for _ in range(8):  # a rule added twice (two processes at once) is there twice
+            if subprocess.run(
+                ["ip", "rule", "del", *rule], capture_output=True, timeout=10
+            ).returncode:
+                break
+    for table in (claim.route_table, claim.divert_table):
+        _ip("route", "flush", "table", str(table), check=False)
+
+
 class SandboxNetwork:
     """The networking of one runtime root."""
 
     def __init__(self, layout: Layout, config: NetworkConfig, digest: str) -> None:
         self.layout = layout
         self.config = config
+        self.digest = digest
         self.net = ipaddress.IPv4Network(config.cidr)
         self.ifprefix = f"e2b{digest[:4]}"
         self.table = f"e2bfacade_{digest[:8]}"
-        number = int(digest[:4], 16) % 10000
-        self.route_table = 20000 + number
-        self.rule_pref = 20000 + number  # before "main" (32766)
-        self.mark = 0x62B00000 | number  # a positive int: setsockopt(SO_MARK) takes an int
+        # What this root holds host-wide: its registered claim, or (until setup() claims,
+        # in a process that only releases rules or tears down) what it would claim alone.
+        self.claim = roots.find(digest) or roots.RootClaim(
+            root=str(layout.root),
+            digest=digest,
+            cidr=str(self.net),
+            uplink=config.uplink,
+            proxy_port=config.proxy_port or roots.DEFAULT_PROXY_PORT,
+            number=roots.preferred_number(digest),
+        )
         self.records = layout.root / "net"
         self.records.mkdir(mode=0o700, exist_ok=True)
         self._nft: Nft = shared()
 
+    @property
+    def mark(self) -> int:
+        return self.claim.mark
+
+    @property
+    def proxy_port(self) -> int:
+        return self.claim.proxy_port
+
     # --------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Make the table, the routes and the forwarding switches (idempotent; safe beside
-        running sandboxes: their elements are kept)."""
+        """Claim the root's share of the host's network (roots.py), then make the table,
+        the routes and the forwarding switches (idempotent; safe beside running sandboxes:
+        their elements are kept). Raises RuntimeUnavailable, naming the other root, when
+        another root of this host claims what this one needs."""
         cfg = self.config
         if not Path(f"/sys/class/net/{cfg.uplink}").exists():
             raise RuntimeUnavailable(f"the sandboxes' uplink {cfg.uplink!r} does not exist")
-        with self.layout.locked("network", "setup"):
+        with self.layout.locked("network", "setup"), roots.locked():
+            try:
+                self.claim = roots.claim(
+                    root=self.layout.root,
+                    digest=self.digest,
+                    cidr=str(self.net),
+                    uplink=cfg.uplink,
+                    proxy_port=cfg.proxy_port,
+                    installed=installed,
+                )
+            except roots.RootConflict as exc:
+                raise RuntimeUnavailable(f"sandbox networking: {exc}") from None
             self._sysctl(f"ipv4/conf/{cfg.uplink}/forwarding", "1")
             self._routes()
             self._nft.run(self._ruleset())
@@ -242,48 +346,39 @@ class SandboxNetwork:
     def _sysctl(name: str, value: str) -> None:
         Path("/proc/sys/net", name).write_text(value)
 
-    def _ip(self, *args: str, check: bool = True) -> str:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
-        if check and done.returncode != 0:
-            raise RuntimeUnavailable(f"ip {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout
-
     def _wanted_rules(self) -> list[list[str]]:
-        p, t = self.rule_pref, str(self.route_table)
-        return [
-            ["to", str(self.net), "lookup", "main", "pref", str(p - 1)],
-            ["from", str(self.net), "lookup", t, "pref", str(p)],
-            ["fwmark", hex(self.mark), "lookup", t, "pref", str(p)],
-            ["from", str(self.net), "unreachable", "pref", str(p + 1)],
-            ["fwmark", hex(self.mark), "unreachable", "pref", str(p + 1)],
-        ]
+        return wanted_rules(self.claim)
 
     def _routes(self) -> None:
-        cfg = self.config
+        cfg, claim = self.config, self.claim
         via = ["via", cfg.gateway] if cfg.gateway else []
-        self._ip(
-            "route", "replace", "default", *via, "dev", cfg.uplink, "table", str(self.route_table)
-        )
-        existing = self._ip("rule", "show")
+        table = str(claim.route_table)
+        _ip("route", "replace", "default", *via, "dev", cfg.uplink, "table", table)
+        divert = str(claim.divert_table)
+        _ip("route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", divert)
+        existing = _ip("rule", "show")
         for rule in self._wanted_rules():
             pref = rule[-1]
             # ``ip rule show`` prints "<pref>:\t<selector> ... lookup <table>"
             if not any(
-                line.startswith(f"{pref}:") and self._same_rule(line, rule)
+                line.startswith(f"{pref}:") and _same_rule(line, rule)
                 for line in existing.splitlines()
             ):
-                self._ip("rule", "add", *rule)
+                _ip("rule", "add", *rule)
 
-    @staticmethod
-    def _same_rule(line: str, rule: list[str]) -> bool:
-        words = line.split()
-        return all(word in words for word in rule[:-2])  # all but "pref N"
+    def never_reachable(self) -> list[ipaddress.IPv4Network]:
+        """What no sandbox reaches whatever its rules, that does not change while the root
+        runs: the configured ranges and the sandboxes' own."""
+        return sorted(
+            {ipaddress.IPv4Network(b, strict=False) for b in self.config.blocked} | {self.net}
+        )
 
     def blocked(self) -> list[str]:
-        blocked = {str(ipaddress.IPv4Network(b, strict=False)) for b in self.config.blocked}
-        blocked.add(str(self.net))
-        try:  # the uplink's own networks (its LAN, its gateway's admin pages)
-            out = self._ip("-j", "-4", "addr", "show", "dev", self.config.uplink)
+        """The ``blocked`` set: :meth:`never_reachable` and the uplink's own networks (its
+        LAN, its gateway's admin pages) as they are now."""
+        blocked = {str(n) for n in self.never_reachable()}
+        try:
+            out = _ip("-j", "-4", "addr", "show", "dev", self.config.uplink)
             for iface in json.loads(out or "[]"):
                 for addr in iface.get("addr_info", []):
                     net = ipaddress.IPv4Network(
@@ -296,13 +391,23 @@ class SandboxNetwork:
 
     def _ruleset(self) -> str:
         t = f"inet {self.table}"
-        up, port, prefix = self.config.uplink, self.config.proxy_port, f"{self.ifprefix}*"
+        up, prefix = self.config.uplink, f"{self.ifprefix}*"
+        port, mark, divert = (
+            self.claim.proxy_port,
+            hex(self.claim.mark),
+            hex(self.claim.divert_mark),
+        )
         lines = [
             f"add table {t}",
             f"add set {t} blocked {{ type ipv4_addr; flags interval; auto-merge; }}",
             f"flush set {t} blocked",
             f"add element {t} blocked {{ {', '.join(self.blocked())} }}",
             f"add set {t} proxied {{ type ifname; }}",
+            # No chain of this name belongs here: one in a table made by another version
+            # (a nat chain redirecting with DNAT) would fight divert. Removed if present.
+            f"add chain {t} prerouting",
+            f"flush chain {t} prerouting",
+            f"delete chain {t} prerouting",
         ]
         for length in range(33):
             for kind in ("allow", "deny"):
@@ -310,7 +415,8 @@ class SandboxNetwork:
         chains = {
             "forward": "type filter hook forward priority filter; policy accept;",
             "input": "type filter hook input priority filter; policy accept;",
-            "prerouting": "type nat hook prerouting priority dstnat; policy accept;",
+            "divert": "type filter hook prerouting priority mangle; policy accept;",
+            "proxy_out": "type filter hook output priority filter; policy accept;",
             "postrouting": "type nat hook postrouting priority srcnat; policy accept;",
             "outbound": "",
             "from_guest": "",
@@ -327,6 +433,8 @@ class SandboxNetwork:
             ],
             "outbound": [
                 "meta nfproto != ipv4 drop",
+                # A connection diverted to the egress proxy never leaves as itself.
+                f"ct mark {divert} jump refuse",
                 "ct state established,related accept",
                 f'oifname != "{up}" jump refuse',
                 "ip daddr @blocked jump refuse",
@@ -337,25 +445,27 @@ class SandboxNetwork:
                 ),
                 "accept",
             ],
-            "input": [
-                f'iifname "{prefix}" jump from_guest',
-                # The proxy listens on every address; it serves the sandboxes only.
-                f'tcp dport {port} iifname != "{prefix}" iifname != "lo" drop',
-            ],
+            "input": [f'iifname "{prefix}" jump from_guest'],
             "from_guest": [
                 "meta nfproto != ipv4 drop",
                 "ct state established,related accept",
-                f"tcp dport {port} ct status dnat accept",
+                # Marked by divert, below: a guest cannot mark a packet (a mark does not
+                # cross from one network namespace to another).
+                f"meta mark {divert} accept",
                 "jump refuse",
             ],
             "refuse": [
                 "meta l4proto tcp reject with tcp reset",
                 "reject with icmpx admin-prohibited",
             ],
-            "prerouting": [
+            "divert": [
+                # Every later packet of a diverted connection follows its first to the proxy.
+                f'iifname "{prefix}" ct mark {divert} meta mark set {divert} accept',
                 f"iifname @proxied tcp dport {{ {', '.join(map(str, PROXY_PORTS))} }} "
-                f"ip daddr != @blocked redirect to :{port}",
+                f"ip daddr != @blocked ct state new tproxy ip to 127.0.0.1:{port} "
+                f"meta mark set {divert} ct mark set {divert} accept",
             ],
+            "proxy_out": [f'meta mark {mark} oifname != "{up}" jump refuse'],
             "postrouting": [f'ip saddr {self.net} oifname "{up}" masquerade'],
         }
         for name, body in rules.items():
@@ -363,12 +473,16 @@ class SandboxNetwork:
         return "\n".join(lines)
 
     def teardown(self) -> None:
-        """Remove the table, the rules and the route table (a runtime root given up)."""
+        """Remove the table, the rules and the route tables, and the root's claim (a runtime
+        root given up)."""
+        claim = roots.find(self.digest)
+        if claim is None and roots.number_free(self.claim.number, self.digest):
+            claim = self.claim  # never registered: the rules it would have had, if no one's
+        if claim is not None:
+            uninstall(claim)
         with contextlib.suppress(NftError):
             self._nft.run(f"delete table inet {self.table}")
-        for rule in self._wanted_rules():
-            self._ip("rule", "del", *rule, check=False)
-        self._ip("route", "flush", "table", str(self.route_table), check=False)
+        roots.release(self.digest)
 
     # ----------------------------------------------------------------------- per slot
     def link(self, slot: int) -> Link:

@@ -11,6 +11,7 @@ Layout::
     sandboxes/<id>/state.json written last: its presence means "created"
     sandboxes/<id>/stage/     mount points the init uses while it builds its root
     ids/<slot>                the id range <slot> is held by the sandbox named inside
+    ids/block.json            the root's block of host ids (see below; roots.py claims it)
     locks/<kind>-<nn>.lock    per-id serialisation across threads and processes
     run/sandboxd-*.sock       the launcher/reaper daemon (see sandboxd.c)
 """
@@ -31,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from e2bfacade.runtime.base import check_id
+from e2bfacade.runtime.base import RuntimeUnavailable, check_id
 
 LOCK_STRIPES = 256
 # Each live sandbox owns a range of host ids for its user namespace: guest id N is host id
@@ -40,6 +41,15 @@ LOCK_STRIPES = 256
 ID_RANGE = 65536
 ID_FIRST_BASE = 1 << 20
 ID_SLOTS = 4096
+# ... within the root's *block*: every runtime root of a host has its own 4096 ranges,
+# disjoint from every other root's (two roots' sandboxes never run as one host uid), held
+# in the host's registry (roots.py) and recorded in the root (ids/block.json) for its
+# life. Block k starts at ID_FIRST_BASE + k * ID_BLOCK; block 0 is what every root used
+# before roots had blocks. uid_t is 32 bits and (uid_t)-1 is no id: 15 blocks fit.
+ID_BLOCK = ID_SLOTS * ID_RANGE
+ID_BLOCKS = ((1 << 32) - 1 - ID_FIRST_BASE) // ID_BLOCK
+BLOCK_RECORD = Path("ids", "block.json")
+BLOCK_LOCK = Path("locks", "ids-block.lock")  # held shared by every process using the root
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -68,10 +78,65 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class Layout:
-    """Paths and locks under one ``SANDBOX_ROOT``."""
+def block_base(block: int) -> int:
+    """The host id of guest id 0 in slot 0 of the block ``block``."""
+    return ID_FIRST_BASE + block * ID_BLOCK
 
-    def __init__(self, root: Path) -> None:
+
+def recorded_block(root: Path) -> int | None:
+    """The block of host ids the root ``root`` records as its own; None when it records
+    none (a new root, or one made before roots had blocks). Raises ValueError when the
+    record is not a block's."""
+    try:
+        data = json.loads((root / BLOCK_RECORD).read_text())
+    except FileNotFoundError:
+        return None
+    block = data.get("block") if isinstance(data, dict) else None
+    if not isinstance(block, int) or not 0 <= block < ID_BLOCKS:
+        raise ValueError(f"{root / BLOCK_RECORD} names no block of host ids: {data!r}")
+    return block
+
+
+def record_block(root: Path, block: int) -> None:
+    first = block_base(block)
+    write_json(root / BLOCK_RECORD, {"block": block, "first_id": first, "ids": ID_BLOCK})
+
+
+def holds_sandboxes(root: Path) -> bool:
+    """Whether anything of ``root`` runs as, or is owned by, its block's ids: a held slot
+    (ids/<slot>: a sandbox, live or being made) or a sandbox's directory (its files)."""
+    try:
+        if any(name.isdigit() for name in os.listdir(root / "ids")):
+            return True
+        with os.scandir(root / "sandboxes") as entries:
+            return any(True for _ in entries)
+    except FileNotFoundError:
+        return False
+
+
+def block_in_use(root: Path) -> bool:
+    """Whether a process has a :class:`Layout` of ``root`` open (holds its block lock)."""
+    try:
+        fd = os.open(root / BLOCK_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the probe's lock
+    return False
+
+
+class Layout:
+    """Paths and locks under one ``SANDBOX_ROOT``. Opening it claims the root's block of
+    host ids in the host's registry (roots.py), and holds it while the object lives;
+    raises RuntimeUnavailable, naming the other root, when another root holds the block
+    this one's sandboxes are owned by, or every block is held. ``claim_ids=False`` (a
+    teardown, which takes no ids) claims nothing; :meth:`id_base_take` then refuses."""
+
+    def __init__(self, root: Path, *, claim_ids: bool = True) -> None:
         self.root = root
         self._state_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._sandboxes = str(root / "sandboxes")
@@ -81,6 +146,39 @@ class Layout:
         # the lock files to stall the runtime.
         for path in (root, *(root / sub for sub in ("images", "sandboxes", "locks", "ids"))):
             os.chmod(path, 0o700)
+        self.id_claimed = claim_ids
+        if claim_ids:
+            self.id_block = self._claim_block()
+        else:
+            try:
+                self.id_block = recorded_block(root) or 0
+            except ValueError as exc:
+                raise RuntimeUnavailable(str(exc)) from None
+
+    @property
+    def id_block_base(self) -> int:
+        """The host id of guest id 0 in this root's slot 0."""
+        return block_base(self.id_block)
+
+    def _claim_block(self) -> int:
+        # roots.py, the host's registry, uses this module's helpers: imported when used.
+        from e2bfacade.runtime.local import roots
+
+        fd = os.open(self.root / BLOCK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            with roots.locked(roots.ID_REGISTRY):
+                # Shared, under the registry's lock: while any process of this root holds
+                # it, no other root's claim takes the block from an empty root (roots.py).
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                block = roots.claim_ids(self.root).block
+        except roots.RootConflict as exc:
+            os.close(fd)
+            raise RuntimeUnavailable(f"host ids: {exc}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        weakref.finalize(self, os.close, fd)
+        return block
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.root / "sandboxes" / check_id(sandbox_id, "sandbox id")
@@ -137,6 +235,8 @@ class Layout:
         held = self.id_base_of(sandbox_id)
         if held is not None:
             return held
+        if not self.id_claimed:
+            raise RuntimeUnavailable(f"the runtime root {self.root} was opened to take no ids")
         start = zlib.crc32(sandbox_id.encode()) % ID_SLOTS
         for i in range(ID_SLOTS):
             slot = (start + i) % ID_SLOTS
@@ -148,12 +248,12 @@ class Layout:
             with os.fdopen(fd, "w") as f:
                 f.write(sandbox_id)
             os.symlink(str(slot), self.root / "ids" / f"s-{sandbox_id}")
-            return ID_FIRST_BASE + slot * ID_RANGE
+            return self.id_block_base + slot * ID_RANGE
         raise OSError(errno.ENOSPC, f"all {ID_SLOTS} id ranges are taken")
 
     def id_base_of(self, sandbox_id: str) -> int | None:
         slot = self._slot_of(sandbox_id)
-        return None if slot is None else ID_FIRST_BASE + slot * ID_RANGE
+        return None if slot is None else self.id_block_base + slot * ID_RANGE
 
     def id_base_free(self, sandbox_id: str) -> None:
         """Give back the sandbox's range: only once none of its processes is left."""

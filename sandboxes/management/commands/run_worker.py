@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 from django.utils import timezone
 
+from e2bfacade.sandbox_runtime import get_runtime
 from e2bfacade.throttling import purge_windows
 from idempotency import maintenance as idempotency
 from sandboxes import worker
@@ -32,6 +33,7 @@ logger = logging.getLogger("e2bfacade.worker")
 
 
 class Command(BaseCommand):
+    adopted = False  # the rows made before hosts were recorded: adopted on the first tick
     help = "Run the lifecycle worker: timeouts, abandoned transitions, reconciliation."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -73,7 +75,13 @@ class Command(BaseCommand):
 
     def tick(self, n: int, stale_after: timedelta, *, full: bool) -> None:
         now = timezone.now()
-        for sandbox_id in list(Sandbox.objects.expired(now).values_list("pk", flat=True)[:200]):
+        if not self.adopted:
+            if adopted := worker.sandbox_adopt_hostless():
+                logger.info("%d sandboxes made before hosts were recorded are this host's", adopted)
+            self.adopted = True
+        host = get_runtime().host_id
+        expired = Sandbox.objects.expired(now).on_host(host).values_list("pk", flat=True)
+        for sandbox_id in list(expired[:200]):
             action = worker.sandbox_expire(sandbox_id=sandbox_id)
             if action:
                 logger.info("sandbox %s timed out: %s", sandbox_id, action)

@@ -14,6 +14,7 @@ restarts the whole. Sandboxes and their commands outlive all of it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,6 +111,7 @@ class Command(BaseCommand):
                 # Domain names in allowOut (e2bfacade/runtime/local/egress.py).
                 children["egress"] = subprocess.Popen(
                     [python, "-m", "e2bfacade.runtime.local.egress", str(settings.SANDBOX_ROOT)]
+                    + [json.dumps(settings.SANDBOX_NETWORK.to_json())]  # this service's own
                 )
             self.stderr.write(
                 f"[serve] API {base} (pid {children['api'].pid}), sandboxes "

@@ -1,0 +1,56 @@
+"""Filesystem-only pause through the unmodified SDK (``pause(keep_memory=False)``, and a
+timeout's ``on_timeout: {action: pause, mode: filesystem}``): the processes end, the files
+stay, and ``connect`` cold-boots the same sandbox with the same access token."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from e2b import Sandbox, SandboxState
+
+pytestmark = pytest.mark.usefixtures("envd_env")
+
+
+def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_filesystem_pause_keeps_the_files_and_connect_cold_boots_the_same_sandbox(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sandbox = make_sandbox()
+    sandbox.files.write("/home/user/marker.txt", "persisted")
+    handle = sandbox.commands.run("sleep 600", background=True)
+    token = sandbox._envd_access_token  # noqa: SLF001 - the SDK keeps it for the data plane
+
+    assert sandbox.pause(keep_memory=False) is True
+    assert not sandbox.is_running()
+    assert sandbox.get_info().state == SandboxState.PAUSED
+    assert sandbox.pause(keep_memory=False) is False  # already paused
+
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert resumed.sandbox_id == sandbox.sandbox_id and resumed.is_running()
+    # The same access token: the old handle works too.
+    assert resumed._envd_access_token == token  # noqa: SLF001
+    assert sandbox.files.read("/home/user/marker.txt") == "persisted"
+    # A cold boot: the processes of before are gone.
+    assert handle.pid not in [p.pid for p in sandbox.commands.list()]
+
+
+def test_a_timeout_pause_without_memory_keeps_only_the_files(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    sandbox = make_sandbox(
+        timeout=2, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
+    )
+    sandbox.files.write("/home/user/kept.txt", "yes")
+    assert eventually(lambda: sandbox.get_info().state == SandboxState.PAUSED)
+    Sandbox.connect(sandbox.sandbox_id, timeout=60)
+    assert sandbox.files.read("/home/user/kept.txt") == "yes"

@@ -1,0 +1,80 @@
+"""A power cut: every process of the service and of its runtime SIGKILLed at once (gunicorn,
+the data plane, the lifecycle worker, the launcher daemon and its keeper, every sandbox's
+init and agent) and, as after a reboot, no sandbox disk mounted. The service started again
+on the same database and sandbox root loses no file: a running sandbox and one paused with
+its memory come back paused with their files, with the reason; one paused filesystem-only
+stays so; each resumes with ``connect`` (the same id, the same envd access token, its
+files), and nothing is deleted but by a kill."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.support.live_server import Deployment, Server
+from tests.support.runtime_support import power_cut
+
+MARKERS = {"running": "r", "frozen": "f", "filesystem": "s"}
+
+
+@pytest.fixture
+def deployment() -> Iterator[tuple[Deployment, Server]]:
+    with Deployment(teams=1, prefix="e2bp") as deployment:
+        yield deployment, deployment.server(lifecycle_worker=True)
+
+
+def detail(server: Server, api_key: str, sandbox_id: str) -> dict[str, object]:
+    response = httpx.get(
+        f"{server.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api_key}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body
+
+
+def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
+    deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dep, server = deployment
+    api_key = dep.take_team().api_key
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    monkeypatch.setenv("E2B_API_KEY", api_key)
+    made: dict[str, Sandbox] = {}
+    for name, marker in MARKERS.items():
+        sbx = Sandbox.create(timeout=600)
+        sbx.files.write("/home/user/marker.txt", marker)
+        sbx.commands.run("sync")
+        made[name] = sbx
+    assert made["frozen"].pause()
+    assert made["filesystem"].pause(keep_memory=False)
+    tokens = {
+        name: detail(server, api_key, s.sandbox_id)["envdAccessToken"] for name, s in made.items()
+    }
+
+    server.kill()
+    power_cut(server.sandbox_root)
+    server.start()
+    server.run_worker_once()  # one reconcile now, rather than waiting for the worker's
+
+    for name, sbx in made.items():
+        info = detail(server, api_key, sbx.sandbox_id)
+        assert (info["state"], info["pauseMode"]) == ("paused", "filesystem"), (name, info)
+        if name == "filesystem":
+            assert info["pauseReason"] is None  # paused as asked
+        else:
+            assert "unexpectedly" in str(info["pauseReason"]), info
+        assert info["envdAccessToken"] == tokens[name]
+    for name, sbx in made.items():
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert resumed.sandbox_id == sbx.sandbox_id
+        assert resumed.files.read("/home/user/marker.txt") == MARKERS[name]
+        assert resumed.commands.run("echo alive").stdout == "alive\n"
+        info = detail(server, api_key, sbx.sandbox_id)
+        assert info["state"] == "running" and info["pauseReason"] is None
+    for sbx in made.values():
+        assert Sandbox.kill(sbx.sandbox_id) is True
+    assert dep.runtime_ids() == set()
