@@ -4,11 +4,13 @@ CPUs) of its own sandbox, as an E2B microVM shows its own."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from e2bfacade.runtime.base import SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import cgroup_pids, cmdline, ok, wait_until
+from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
 
 
 def _umask(pid: int) -> str:
@@ -55,3 +57,31 @@ def test_no_host_path_shows_in_the_guests_mounts_or_df(
     assert "sandboxes/" not in seen
     root_line = ok(runtime, sandbox_id, "df -P / | tail -1").split()
     assert root_line[0] == "overlay" and root_line[-1] == "/"
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
+    runtime: LocalRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    host = Path(BOOT_ID).read_text()
+    first = ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert uuid.UUID(first.strip()) and first != host
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}", user="user") == first
+    other = new_sandbox_id()
+    runtime.create(SandboxSpec(other, "base"))
+    assert ok(runtime, other, f"cat {BOOT_ID}") not in (first, host)
+    # The same boot: a freeze and a thaw keep it; guest root cannot change it.
+    runtime.pause(sandbox_id)
+    runtime.resume(sandbox_id)
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}") == first
+    assert sh(runtime, sandbox_id, f"echo x > {BOOT_ID}").exit_code != 0
+    assert sh(runtime, sandbox_id, f"umount {BOOT_ID}").exit_code != 0
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}") == first
+    # A cold boot on the same disk is a new boot.
+    runtime.pause(sandbox_id, memory=False)
+    runtime.resume(sandbox_id)
+    rebooted = ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert rebooted not in (first, host) and uuid.UUID(rebooted.strip())

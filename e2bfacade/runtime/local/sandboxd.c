@@ -407,6 +407,24 @@ static void bind_dev(const char *name) {
     mount_or_fail(src, dst, NULL, MS_BIND, NULL);
 }
 
+/* The guest's boot_id is its own, new at every launch of its init (a cold boot on the same
+ * disk too), as a VM's is at every boot; the host's is not the guest's to see. The kernel's
+ * uuid generator makes it; it lives in the stage tmpfs (memory of the init's, gone with it),
+ * bound read-only over the proc file. (lxcfs has no boot_id: LXC binds a file like this.) */
+static int own_boot_id(void) {
+    char id[40];
+    int fd = open("proc/sys/kernel/random/uuid", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, id, sizeof id);
+    close(fd);
+    if (n != 37) return n < 0 ? -1 : (errno = EIO, -1);
+    fd = open("../stage/boot_id", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
+    if (fd < 0) return -1;
+    ssize_t w = write(fd, id, (size_t)n);
+    close(fd);
+    return w == n ? 0 : (errno = EIO, -1);
+}
+
 static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     /* The init's environment is readable by the guest (/proc/1/environ): keep none of ours. */
     clearenv();
@@ -493,6 +511,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     const char *ro_proc[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"};
     for (size_t i = 0; i < sizeof ro_proc / sizeof ro_proc[0]; i++)
         if (access(ro_proc[i], F_OK) == 0) bind_readonly(ro_proc[i], ro_proc[i], MS_NOSUID);
+    if (own_boot_id() != 0) fail("boot_id", "%s", strerror(errno));
+    bind_readonly("../stage/boot_id", "proc/sys/kernel/random/boot_id",
+                  MS_NOSUID | MS_NODEV | MS_NOEXEC);
     mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     for (size_t i = 0; i < sizeof masked_paths / sizeof masked_paths[0]; i++)
         mask_path(masked_paths[i]);
