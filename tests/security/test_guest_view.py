@@ -4,11 +4,14 @@ CPUs) of its own sandbox, as an E2B microVM shows its own."""
 
 from __future__ import annotations
 
+import errno
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from e2bfacade.runtime.base import SandboxSpec
+import pytest
+
+from e2bfacade.runtime.base import GuestFileError, SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
 
@@ -85,3 +88,37 @@ def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
     runtime.resume(sandbox_id)
     rebooted = ok(runtime, sandbox_id, f"cat {BOOT_ID}")
     assert rebooted not in (first, host) and uuid.UUID(rebooted.strip())
+
+
+def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+
+    def read(path: str, user: str = "user") -> bytes:
+        return b"".join(runtime.read_file(sandbox_id, path, user=user))
+
+    # The guest's own values (as E2B's SDK test reads boot_id), not the host's.
+    assert read(BOOT_ID).decode() == ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert read(BOOT_ID) != Path(BOOT_ID).read_bytes()
+    assert read("/sys/class/net/lo/mtu").decode() == ok(
+        runtime, sandbox_id, "cat /sys/class/net/lo/mtu"
+    )
+    # Read by a guest process of the caller's user: /proc/self is that reader.
+    assert "\nUid:\t1000\t1000\t1000\t1000\n" in read("/proc/self/status").decode()
+    assert "\nUid:\t0\t0\t0\t0\n" in read("/proc/self/status", user="root").decode()
+    ok(runtime, sandbox_id, f"ln -s {BOOT_ID} ~/boot-link", user="user")
+    assert read("boot-link") == read(BOOT_ID)  # a link into /proc, resolved in the guest
+    # The guest's answers: its permissions, its errors, a bound on what is read.
+    for path, user, code in (
+        ("/proc/1/environ", "root", errno.EACCES),  # the init is not dumpable
+        ("/proc/no-such-file", "user", errno.ENOENT),
+        ("/proc/self/root/dev/zero", "user", errno.EFBIG),  # endless: at most 1 MiB is read
+    ):
+        with pytest.raises(GuestFileError) as caught:
+            read(path, user)
+        assert caught.value.errno == code, (path, caught.value)
+    # Only reads: everything else on the guest's kernel files is still refused by the host.
+    with pytest.raises(GuestFileError) as refused:
+        runtime.write_file(sandbox_id, "/proc/sys/kernel/hostname", [b"x"], user="root")
+    assert refused.value.errno == errno.EPERM

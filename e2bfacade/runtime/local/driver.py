@@ -72,7 +72,7 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.local import build, disks, netns, trees, warm
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
-from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
+from e2bfacade.runtime.local.files import GuestFiles, KernelFile, lookup_user, open_guest_root
 from e2bfacade.runtime.local.images import BASE_IMAGE, ImageStore, env_of, start_of
 from e2bfacade.runtime.local.network import (
     NetworkConfig,
@@ -86,6 +86,7 @@ from e2bfacade.runtime.local.processes import (
     AgentProcess,
     AgentWatch,
     process_env,
+    read_in_guest,
     start_items,
 )
 from e2bfacade.runtime.local.spares import CLAIM_PREFIX, Spares
@@ -1313,8 +1314,14 @@ class LocalRuntime:
         self, sandbox_id: str, path: str, *, user: str | None = None, chunk_size: int = 65536
     ) -> Iterator[bytes]:
         with self._files(sandbox_id, user) as files:
-            fd = files.open_read(path)
-        return _chunks(fd, chunk_size)
+            try:
+                fd = files.open_read(path)
+            except KernelFile as exc:  # the guest's /proc or /sys: the guest reads it
+                account, kernel_file = files.account, exc.path
+            else:
+                return _chunks(fd, chunk_size)
+        data = read_in_guest(self._agent(sandbox_id), account, kernel_file)
+        return iter([data[i : i + chunk_size] for i in range(0, len(data), chunk_size)])
 
     def write_file(
         self,

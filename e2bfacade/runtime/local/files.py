@@ -65,12 +65,34 @@ def _openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     return int(fd)
 
 
+# Of those, the ones whose files a user may read in the guest, as on a machine of its own:
+# the host hands such a read to the guest (KernelFile).
+GUEST_READABLE_FS = {"proc", "sysfs"}
+
+
+class KernelFile(GuestFileError):
+    """``path`` is a file of the guest's /proc or /sys: the host kernel's interfaces, which
+    a host thread must never open for a guest (there /proc/self would be the host's, and
+    reading may have effects). EPERM for every file operation but a read, which the guest
+    itself makes as the user (the driver's read_file)."""
+
+    def __init__(self, path: str, fs: str) -> None:
+        super().__init__(errno.EPERM, f"{path}: file operations on {fs} are refused")
+        self.path = path
+
+
+def kernel_path(path: str) -> bool:
+    """Whether the normalised guest ``path`` is under the guest's /proc or /sys."""
+    return path.split("/", 2)[1] in ("proc", "sys")
+
+
 def _check_fs(fd: int, path: str) -> None:
     buf = _StatFs()
     if _libc.fstatfs(fd, ctypes.byref(buf)) == 0 and buf.f_type in FORBIDDEN_FS:
-        raise GuestFileError(
-            errno.EPERM, f"{path}: file operations on {FORBIDDEN_FS[buf.f_type]} are refused"
-        )
+        fs = FORBIDDEN_FS[buf.f_type]
+        if fs in GUEST_READABLE_FS:
+            raise KernelFile(path, fs)
+        raise GuestFileError(errno.EPERM, f"{path}: file operations on {fs} are refused")
 
 
 def _fs_ids(uid: int, gid: int) -> None:
@@ -500,6 +522,8 @@ class GuestFiles:
         """A descriptor for reading the regular file ``path``: the permission check happens
         here, so the caller may read it on any thread."""
         path = self.path(path)
+        if kernel_path(path):  # not even opened: refused before any host open
+            raise KernelFile(path, path.split("/", 2)[1])
         fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
