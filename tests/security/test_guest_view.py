@@ -122,3 +122,25 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
     with pytest.raises(GuestFileError) as refused:
         runtime.write_file(sandbox_id, "/proc/sys/kernel/hostname", [b"x"], user="root")
     assert refused.value.errno == errno.EPERM
+
+
+def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
+    meminfo = ok(runtime, sandbox_id, "cat /proc/meminfo", user="user")
+    assert meminfo.splitlines()[0].split() == ["MemTotal:", str(256 * 1024), "kB"]
+    assert ok(runtime, sandbox_id, "free -m | awk '/^Mem:/ {print $2}'") == "256\n"
+    host_uptime = float(Path("/proc/uptime").read_text().split()[0])
+    uptime = float(ok(runtime, sandbox_id, "cut -d' ' -f1 /proc/uptime"))
+    assert uptime < 120 and uptime < host_uptime - 1  # since the sandbox's boot, not the host's
+    # The sandbox's own load: its one process running, not the host's hundreds.
+    assert (
+        ok(runtime, sandbox_id, "cut -d' ' -f4 /proc/loadavg").split("/")[1].strip()
+        != (Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    )
+    # Through the file API too (read in the guest).
+    assert (
+        b"".join(runtime.read_file(sandbox_id, "/proc/meminfo")).decode().split("\n")[0]
+        == (meminfo.splitlines()[0])
+    )

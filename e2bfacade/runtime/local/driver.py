@@ -69,7 +69,7 @@ from e2bfacade.runtime.base import (
     WatcherChanges,
     check_id,
 )
-from e2bfacade.runtime.local import build, disks, netns, trees, warm
+from e2bfacade.runtime.local import build, disks, lxcfs, netns, trees, warm
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.disks import DiskPool
 from e2bfacade.runtime.local.files import GuestFiles, KernelFile, lookup_user, open_guest_root
@@ -457,6 +457,9 @@ class LocalRuntime:
             *(f"bind={b}:{b}" for b in binds),
             *(link.request() if link is not None else ()),
         ]
+        proc_view = lxcfs.ensure(self.root)  # a live one at each launch: it may have died
+        if proc_view is not None:
+            request.append(f"lxcfs={proc_view}")
         # v2: born in its group (CLONE_INTO_CGROUP); v1: the launcher joins and leaves.
         into = self.cgroups.clone_into(spec.sandbox_id)
         joins = (
