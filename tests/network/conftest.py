@@ -23,8 +23,8 @@ from e2bfacade.runtime.base import (
     NetworkPolicy,
     ProcessSpec,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.network import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
@@ -128,7 +128,7 @@ def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
 
 def sh(rt: LocalRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
     result = run_process(
-        rt, sid, ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
+        rt.guest(sid), ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
     )
     return result.exit_code, (result.stdout + result.stderr).decode(errors="replace")
 

@@ -25,8 +25,8 @@ from e2bfacade.runtime.base import (
     ProcessSpec,
     RuntimeUnavailable,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.network import NetworkConfig, digest_of, load_config
 from tests.network.conftest import (
@@ -218,8 +218,7 @@ def test_teardown_root_removes_what_a_gone_service_left_and_keeps_paused_disks(
     rt.create(SandboxSpec(paused, BUILTIN_IMAGE, network=DOMAINS))
     note = secrets.token_hex(8)
     wrote = run_process(
-        rt,
-        paused,
+        rt.guest(paused),
         ProcessSpec(argv=("/bin/sh", "-ec", f"echo {note} > /root/note; sync"), user="root"),
     )
     assert wrote.exit_code == 0

@@ -51,7 +51,7 @@ def test_a_filesystem_pause_ends_the_processes_keeps_the_files_and_a_resume_cold
     with pytest.raises(RuntimeConflict):
         runtime.pause(sandbox_id, memory=False)
     with pytest.raises(RuntimeConflict):
-        runtime.start_process(sandbox_id, ProcessSpec(("true",)))
+        runtime.guest(sandbox_id).start_process(ProcessSpec(("true",)))
     assert sandbox_id in runtime.census().kept
     assert sandbox_id not in runtime.sweep()  # kept, not reaped
 

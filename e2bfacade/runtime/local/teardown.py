@@ -116,7 +116,8 @@ def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
     """End the sandbox's processes, if any, and move its disk image to ``kept/``."""
     d = runtime.layout.sandbox_dir(sandbox_id)
     with runtime.layout.locked("sandbox", sandbox_id):
-        state = runtime.layout.read_state(sandbox_id) or {}
+        record = runtime.layout.read_state(sandbox_id)
+        state = record.to_json() if record is not None else {}
         image = d / disks.IMAGE
         if not image.exists():
             return None
