@@ -29,12 +29,10 @@ import socket
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from e2bfacade.runtime.base import (
-    CRASH_REASON,
     Capability,
     Capacity,
     Census,
@@ -45,7 +43,6 @@ from e2bfacade.runtime.base import (
     ImageBuild,
     ImageInfo,
     ImageInUse,
-    ImageNotFound,
     Metrics,
     NetworkPolicy,
     PauseMode,
@@ -53,18 +50,16 @@ from e2bfacade.runtime.base import (
     ProcessSpec,
     PtySize,
     Runtime,
-    RuntimeBusy,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxInfo,
     SandboxNotFound,
-    SandboxRuntimeError,
     SandboxSpec,
     SandboxState,
     WatcherChanges,
     check_id,
 )
-from e2bfacade.runtime.local import build, disks, host, metrics, snapshot, sweep
+from e2bfacade.runtime.local import build, census, host, metrics, snapshot, sweep
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.guest.handle import LocalGuest
 from e2bfacade.runtime.local.guest.start import run_start_command
@@ -82,18 +77,13 @@ from e2bfacade.runtime.local.pools.disks import DiskPool
 from e2bfacade.runtime.local.pools.refill import Refill
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
-from e2bfacade.runtime.local.record import Parked, SandboxRecord, check_spec
-from e2bfacade.runtime.local.state import InitWatch, Layout, proc_starttime
+from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
+from e2bfacade.runtime.local.state import InitWatch, Layout
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 log = logging.getLogger(__name__)
 HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class LocalSandboxInfo(SandboxInfo):
-    init_pid: int = 0  # the sandbox's PID 1 on the host
 
 
 class LocalRuntime:
@@ -231,37 +221,10 @@ class LocalRuntime:
             return None
 
     def info(self, record: SandboxRecord, adopted: bool = False) -> LocalSandboxInfo:
-        mode, reason = None, None
-        if record.parked is not None:
-            state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, record.parked.reason
-        elif proc_starttime(record.init_pid) != record.init_start:
-            # Its processes ended without a pause: its files are kept (a pool sandbox's
-            # are no one's), and it is paused until a resume cold-boots it.
-            if not record.is_warm and disks.exists(self.layout.sandbox_dir(record.sandbox_id)):
-                state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, CRASH_REASON
-            else:
-                state = SandboxState.DEAD
-        elif self.cgroups.is_frozen(record.sandbox_id):
-            state, mode = SandboxState.PAUSED, PauseMode.FULL
-        else:
-            state = SandboxState.RUNNING
-        return LocalSandboxInfo(
-            sandbox_id=record.sandbox_id,
-            image_id=record.image_id,
-            state=state,
-            cpu_count=record.cpu_count,
-            memory_mb=record.memory_mb,
-            pids_max=record.pids_max,
-            created_at=record.created_at,
-            adopted=adopted,
-            envd_access_token=record.envd_access_token,
-            traffic_access_token=record.traffic_access_token,
-            default_user=record.default_user,
-            env_vars=dict(record.env_vars),
-            pause_mode=mode,
-            pause_reason=reason,
-            init_pid=record.init_pid,
-        )
+        return census.status_of(self, record, adopted)
+
+    def census(self) -> Census:
+        return census.census(self)
 
     def _record(self, sandbox_id: str) -> SandboxRecord:
         record = self.layout.read_state(sandbox_id)
@@ -292,26 +255,6 @@ class LocalRuntime:
     def live_ids(self) -> set[str]:
         return set(self.census().live)
 
-    def census(self) -> Census:
-        """The created sandboxes (no pool sandbox) that are not dead: those whose init
-        lives (paused or not), and those ``kept`` with their files only (parked, or their
-        init died and their disk is there) — what :meth:`list` holds that is not dead, for
-        the worker's reconcile, every tick. One directory walk, a stat per sandbox (its
-        record is parsed again only when it changed), one poll of the inits' pidfds
-        (:class:`InitWatch`, kept by this runtime object) and a stat per dead one."""
-        inits, kept = {}, set()
-        for sid in self.layout.sandbox_ids():
-            record = self.layout.read_state_cached(sid)
-            if record is None or record.is_warm:
-                continue
-            if record.parked is not None:
-                kept.add(sid)
-            else:
-                inits[sid] = (record.init_pid, record.init_start)
-        alive = self._init_watch.alive(inits)
-        kept |= {s for s in inits.keys() - alive if disks.exists(self.layout.sandbox_dir(s))}
-        return Census(live=frozenset(alive | kept), kept=frozenset(kept))
-
     def guest(self, sandbox_id: str) -> LocalGuest:
         """The running sandbox's guest side, resolved once (e2bfacade.runtime.guest)."""
         record, info = self._require(sandbox_id, SandboxState.RUNNING)
@@ -340,7 +283,7 @@ class LocalRuntime:
                     if info.pause_mode is PauseMode.FILESYSTEM:
                         # Made, then its processes ended before its create was answered (a
                         # crash): it runs again on its files, as its create asked.
-                        booted = self.boot(record)
+                        booted = launch.boot(self, record)
                         self.refill.after_create(spec.disk_mb)
                         return dataclasses.replace(booted, adopted=True)
                     return info
@@ -379,60 +322,6 @@ class LocalRuntime:
                 # through a migration, which the rename of this create's groups would wait on.
                 self.refill.after_create(spec.disk_mb)
 
-    def boot(self, record: SandboxRecord) -> LocalSandboxInfo:
-        """Cold-boot a sandbox that kept only its files: a new init on its disk, its id
-        range, host name, env vars, access tokens and network rules, then the template's
-        start command. Caller holds the id's lock. On failure it is left as it was, parked
-        with its files, and RuntimeBusy (or RuntimeConflict) says why."""
-        sid = record.sandbox_id
-        d = self.layout.sandbox_dir(sid)
-        if self.layout.id_base_of(sid) != record.id_base:
-            raise RuntimeConflict(f"sandbox {sid} lost its id range: it cannot boot")
-        reason = record.parked.reason if record.parked is not None else CRASH_REASON
-        parked = self.park(record, reason)  # whatever a crash left of its processes goes
-        try:
-            chain = self.images.chain(record.image_id)
-            disks.ensure_mounted(d)
-            (d / "agent.sock").unlink(missing_ok=True)
-            info = launch.launch(self, parked, chain)
-            if (start := start_of(chain)) is not None:
-                run_start_command(self.guest(sid), start)
-            return info
-        except BaseException as exc:
-            self.park(parked, reason)
-            if isinstance(exc, ImageNotFound):
-                raise RuntimeConflict(f"sandbox {sid} cannot boot: {exc.message}") from exc
-            if isinstance(exc, (SandboxRuntimeError, OSError)):
-                why = exc.message if isinstance(exc, SandboxRuntimeError) else str(exc)
-                raise RuntimeBusy(f"sandbox {sid} did not boot: {why}") from exc
-            raise
-
-    def park(self, record: SandboxRecord, reason: str | None) -> SandboxRecord:
-        """End every process of the sandbox and keep its files: paused, filesystem only
-        (``reason``: why, when nobody asked). Its disk, id range and network slot stay; its
-        groups, its rules and its processes' memory go. Caller holds the id's lock.
-
-        Processes first, the record last: a crash in between leaves a sandbox whose init
-        is dead and whose disk is there, which reads as parked just the same."""
-        sid, d = record.sandbox_id, self.layout.sandbox_dir(record.sandbox_id)
-        self._end_processes(sid)
-        for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
-            self.spares.discard_group(Spares.group_of(claim))
-        slot = self.layout.slot_of(sid)
-        if self.network is not None and slot is not None:
-            self.network.release(slot)
-        disks.sync(d)  # what it wrote survives a power cut from here on
-        parked = record.replace(init_pid=0, init_start=0, parked=Parked(reason, self.now()))
-        parked.save(d)
-        return parked
-
-    def _end_processes(self, name: str) -> None:
-        if self.cgroups.exists(name):
-            self.cgroups.kill_all(name)
-            if not self.cgroups.wait_empty(name):
-                raise RuntimeUnavailable(f"sandbox {name}: processes survived SIGKILL")
-            self.cgroups.remove(name)
-
     def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
         """With ``memory``, freeze every process of the sandbox (memory stays as it is);
         without, end them and keep its files (:meth:`park`). Not idempotent by design:
@@ -440,7 +329,7 @@ class LocalRuntime:
         with self.layout.locked("sandbox", sandbox_id):
             record, _ = self._require(sandbox_id, SandboxState.RUNNING)
             if not memory:
-                self.park(record, None)
+                launch.park(self, record, None)
                 return
             self.cgroups.freeze(sandbox_id)
             self._link_up(sandbox_id, False)  # no packet in or out while frozen
@@ -455,8 +344,8 @@ class LocalRuntime:
                 self.cgroups.thaw(sandbox_id)
                 return
             if info.pause_mode is PauseMode.FULL:
-                record = self.park(record, None)
-            self.boot(record)
+                record = launch.park(self, record, None)
+            launch.boot(self, record)
         self.refill.after_create()
 
     def _link_up(self, sandbox_id: str, up: bool) -> None:
@@ -504,7 +393,7 @@ class LocalRuntime:
             if origin != sandbox_id and is_warm(check_id(origin)):
                 names.append(origin)
         for name in names:
-            self._end_processes(name)
+            launch.end_processes(self, name)
         # No process of the sandbox is left: its rules, then its id range (and with it its
         # network slot), may go to the next one. Its link went with its network namespace.
         for name in names:

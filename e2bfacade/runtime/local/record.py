@@ -21,6 +21,7 @@ from e2bfacade.runtime.base import (
     Capacity,
     CreateRefused,
     NetworkPolicy,
+    SandboxInfo,
     SandboxSpec,
 )
 
@@ -28,6 +29,11 @@ DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
 FILE = "state.json"
 HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class LocalSandboxInfo(SandboxInfo):
+    init_pid: int = 0  # the sandbox's PID 1 on the host
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CRASH_REASON, SandboxRuntimeError
 from e2bfacade.runtime.local import disks, trees
+from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import proc_starttime
 
@@ -36,7 +37,7 @@ def sweep(rt: LocalRuntime, seen_live: Collection[str] = ()) -> list[str]:
             record = rt.layout.read_state(sid)
             if now == "park" and record is not None:
                 with contextlib.suppress(SandboxRuntimeError, OSError):
-                    rt.park(record, CRASH_REASON)
+                    launch.park(rt, record, CRASH_REASON)
             elif now == "reap" and rt.destroy(sid):
                 reaped.append(sid)
     for p in (rt.root / "sandboxes").iterdir():

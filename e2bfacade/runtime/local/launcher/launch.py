@@ -1,24 +1,36 @@
 """Launching a sandbox, the Python side (the launcher's wire is client.py): a new sandbox's
 directory, disk and record (:func:`prepare`); then its rules, groups and init, and its
 record with the init's identity, the commit point (:func:`launch`) — for a create and a
-cold boot alike."""
+cold boot (:func:`boot`) alike; and the end of its processes that keeps its files
+(:func:`park`)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
-from e2bfacade.runtime.base import CreateRefused, SandboxSpec
+from e2bfacade.runtime.base import (
+    CRASH_REASON,
+    CreateRefused,
+    ImageNotFound,
+    RuntimeBusy,
+    RuntimeConflict,
+    RuntimeUnavailable,
+    SandboxRuntimeError,
+    SandboxSpec,
+)
 from e2bfacade.runtime.local import build, disks
 from e2bfacade.runtime.local.guest import seed
-from e2bfacade.runtime.local.images import env_of
-from e2bfacade.runtime.local.pools.spares import Spares
+from e2bfacade.runtime.local.guest.start import run_start_command
+from e2bfacade.runtime.local.images import env_of, start_of
+from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.pools.warm import is_warm
-from e2bfacade.runtime.local.record import SandboxRecord
+from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
 
 if TYPE_CHECKING:
-    from e2bfacade.runtime.local.driver import LocalRuntime, LocalSandboxInfo
+    from e2bfacade.runtime.local.driver import LocalRuntime
 
 
 def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) -> LocalSandboxInfo:
@@ -116,3 +128,61 @@ def launch(
     launched = record.replace(init_pid=pid, init_start=start, booted_at=rt.now(), parked=None)
     launched.save(d)  # the commit point: from here it runs
     return rt.info(launched)
+
+
+def boot(rt: LocalRuntime, record: SandboxRecord) -> LocalSandboxInfo:
+    """Cold-boot a sandbox that kept only its files: a new init on its disk, its id
+    range, host name, env vars, access tokens and network rules, then the template's
+    start command. Caller holds the id's lock. On failure it is left as it was, parked
+    with its files, and RuntimeBusy (or RuntimeConflict) says why."""
+    sid = record.sandbox_id
+    d = rt.layout.sandbox_dir(sid)
+    if rt.layout.id_base_of(sid) != record.id_base:
+        raise RuntimeConflict(f"sandbox {sid} lost its id range: it cannot boot")
+    reason = record.parked.reason if record.parked is not None else CRASH_REASON
+    parked = park(rt, record, reason)  # whatever a crash left of its processes goes
+    try:
+        chain = rt.images.chain(record.image_id)
+        disks.ensure_mounted(d)
+        (d / "agent.sock").unlink(missing_ok=True)
+        info = launch(rt, parked, chain)
+        if (start := start_of(chain)) is not None:
+            run_start_command(rt.guest(sid), start)
+        return info
+    except BaseException as exc:
+        park(rt, parked, reason)
+        if isinstance(exc, ImageNotFound):
+            raise RuntimeConflict(f"sandbox {sid} cannot boot: {exc.message}") from exc
+        if isinstance(exc, (SandboxRuntimeError, OSError)):
+            why = exc.message if isinstance(exc, SandboxRuntimeError) else str(exc)
+            raise RuntimeBusy(f"sandbox {sid} did not boot: {why}") from exc
+        raise
+
+
+def park(rt: LocalRuntime, record: SandboxRecord, reason: str | None) -> SandboxRecord:
+    """End every process of the sandbox and keep its files: paused, filesystem only
+    (``reason``: why, when nobody asked). Its disk, id range and network slot stay; its
+    groups, its rules and its processes' memory go. Caller holds the id's lock.
+
+    Processes first, the record last: a crash in between leaves a sandbox whose init
+    is dead and whose disk is there, which reads as parked just the same."""
+    sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
+    end_processes(rt, sid)
+    for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
+        rt.spares.discard_group(Spares.group_of(claim))
+    slot = rt.layout.slot_of(sid)
+    if rt.network is not None and slot is not None:
+        rt.network.release(slot)
+    disks.sync(d)  # what it wrote survives a power cut from here on
+    parked = record.replace(init_pid=0, init_start=0, parked=Parked(reason, time.time()))
+    parked.save(d)
+    return parked
+
+
+def end_processes(rt: LocalRuntime, name: str) -> None:
+    """Kill every process in the groups ``name`` and remove them."""
+    if rt.cgroups.exists(name):
+        rt.cgroups.kill_all(name)
+        if not rt.cgroups.wait_empty(name):
+            raise RuntimeUnavailable(f"sandbox {name}: processes survived SIGKILL")
+        rt.cgroups.remove(name)

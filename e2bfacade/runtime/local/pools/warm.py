@@ -47,9 +47,10 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.local import netns
 from e2bfacade.runtime.local.files import GuestFiles
 from e2bfacade.runtime.local.guest.start import GUEST_ENV_FILE
+from e2bfacade.runtime.local.record import LocalSandboxInfo
 
 if TYPE_CHECKING:
-    from e2bfacade.runtime.local.driver import LocalRuntime, LocalSandboxInfo
+    from e2bfacade.runtime.local.driver import LocalRuntime
 
 PREFIX = "warm-"
 READY = "warm.ready"
