@@ -26,7 +26,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.network import NetworkConfig
+from e2bfacade.runtime.local.net.network import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
 
@@ -82,7 +82,7 @@ def listening(pid: int) -> list[tuple[str, int]]:
 def start_egress(root: Path) -> subprocess.Popen[bytes]:
     """The root's egress proxy, once it listens (it exits at once if it cannot)."""
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "e2bfacade.runtime.local.egress", str(root)],
+        [sys.executable, "-m", "e2bfacade.runtime.local.net.egress", str(root)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115

@@ -28,7 +28,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.network import NetworkConfig, digest_of, load_config
+from e2bfacade.runtime.local.net.network import NetworkConfig, digest_of, load_config
 from tests.network.conftest import (
     REPO,
     curl,

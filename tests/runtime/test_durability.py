@@ -21,7 +21,7 @@ from e2bfacade.runtime.base import (
     SandboxState,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.disks import MOUNT
+from e2bfacade.runtime.local.storage.disks import MOUNT
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import cgroup_dirs, ok, sh, wait_until
 from tests.support.runtime_support import power_cut

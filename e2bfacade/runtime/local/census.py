@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CRASH_REASON, Census, PauseMode, SandboxState
-from e2bfacade.runtime.local import disks
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
 from e2bfacade.runtime.local.state import proc_starttime
+from e2bfacade.runtime.local.storage import disks
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from e2bfacade.runtime.base import Metrics, PauseMode, SandboxInfo
-from e2bfacade.runtime.local import disks
 from e2bfacade.runtime.local.cgroups import Cgroups
+from e2bfacade.runtime.local.storage import disks
 
 
 def sample(cgroups: Cgroups, sandbox_dir: Path, info: SandboxInfo) -> Metrics:

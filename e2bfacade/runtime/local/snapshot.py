@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from e2bfacade.runtime.base import ImageInfo, LimitExceeded, PauseMode, SandboxState, check_id
-from e2bfacade.runtime.local import disks, trees
+from e2bfacade.runtime.local.storage import disks, trees
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime

@@ -163,7 +163,7 @@ class Layout:
 
     def _claim_block(self) -> int:
         # roots.py, the host's registry, uses this module's helpers: imported when used.
-        from e2bfacade.runtime.local import roots
+        from e2bfacade.runtime.local.net import roots
 
         fd = os.open(self.root / BLOCK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CRASH_REASON, SandboxRuntimeError
-from e2bfacade.runtime.local import disks, trees
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import proc_starttime
+from e2bfacade.runtime.local.storage import disks, trees
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2bfacade.runtime.base import SandboxInfo, SandboxState
-from e2bfacade.runtime.local import disks, network, roots, trees
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
 from e2bfacade.runtime.local.driver import LocalRuntime
-from e2bfacade.runtime.local.network import digest_of
+from e2bfacade.runtime.local.net import network, roots
+from e2bfacade.runtime.local.net.network import digest_of
+from e2bfacade.runtime.local.storage import disks, trees
 
 KEPT = "kept"
 LOOP_CLR_FD = 0x4C01

@@ -24,8 +24,8 @@ from e2bfacade.runtime.base import (
     SandboxInfo,
     WatcherChanges,
 )
-from e2bfacade.runtime.local import netns
 from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
+from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.processes import (
     Agent,
     AgentProcess,

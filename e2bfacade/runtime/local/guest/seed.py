@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from e2bfacade.runtime.local import disks
+from e2bfacade.runtime.local.storage import disks
 
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 

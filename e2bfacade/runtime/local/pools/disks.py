@@ -10,7 +10,8 @@ import secrets
 from pathlib import Path
 
 from e2bfacade.runtime.base import CreateRefused
-from e2bfacade.runtime.local.disks import (
+from e2bfacade.runtime.local.state import Layout
+from e2bfacade.runtime.local.storage.disks import (
     IMAGE,
     MOUNT,
     bind,
@@ -19,7 +20,6 @@ from e2bfacade.runtime.local.disks import (
     own,
     unmount,
 )
-from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
 

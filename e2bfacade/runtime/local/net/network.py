@@ -66,8 +66,8 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import CreateRefused, NetworkPolicy, RuntimeUnavailable
-from e2bfacade.runtime.local import roots
-from e2bfacade.runtime.local.nft import Nft, NftError, shared
+from e2bfacade.runtime.local.net import roots
+from e2bfacade.runtime.local.net.nft import Nft, NftError, shared
 from e2bfacade.runtime.local.state import ID_SLOTS, Layout, write_json
 
 log = logging.getLogger(__name__)
