@@ -37,7 +37,7 @@ from e2bfacade.runtime.base import (  # noqa: E402
 )
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
-from e2bfacade.runtime.local.net.network import NetworkConfig  # noqa: E402
+from e2bfacade.runtime.local.net.rules import NetworkConfig  # noqa: E402
 from tests.support.internet import TestInternet  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from e2bfacade.runtime import registry as runtime_registry
 from e2bfacade.startup import BUILTIN_SECRET_KEY
 
 if TYPE_CHECKING:
-    from e2bfacade.runtime.local.net.network import NetworkConfig
+    from e2bfacade.runtime.local.net.rules import NetworkConfig
 
 # Lets `admin.ModelAdmin[Team]` and friends be subscripted at runtime, as django-stubs types them.
 django_stubs_ext.monkeypatch()
@@ -275,7 +275,8 @@ def _sandbox_network() -> NetworkConfig | None:
     uplink = env.str("SANDBOX_UPLINK", default="auto")
     if uplink == "none" or SANDBOX_RUNTIME != "local":
         return None
-    from e2bfacade.runtime.local.net.network import DEFAULT_BLOCKED, NetworkConfig, default_route
+    from e2bfacade.runtime.local.net.network import default_route
+    from e2bfacade.runtime.local.net.rules import DEFAULT_BLOCKED, NetworkConfig
 
     gateway = env.str("SANDBOX_UPLINK_GATEWAY", default="") or None
     if uplink == "auto":

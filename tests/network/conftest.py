@@ -26,7 +26,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.net.network import NetworkConfig
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
 

@@ -28,7 +28,8 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.net.network import NetworkConfig, digest_of, load_config
+from e2bfacade.runtime.local.net.network import digest_of, load_config
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.network.conftest import (
     REPO,
     curl,

@@ -65,13 +65,8 @@ from e2bfacade.runtime.local.guest.handle import LocalGuest
 from e2bfacade.runtime.local.guest.start import run_start_command
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.launcher.client import Launcher
-from e2bfacade.runtime.local.net.network import (
-    NetworkConfig,
-    SandboxNetwork,
-    digest_of,
-    load_config,
-    save_config,
-)
+from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config, save_config
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.pools.disks import DiskPool
 from e2bfacade.runtime.local.pools.refill import Refill
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares

@@ -52,12 +52,8 @@ import dns.rdatatype
 
 from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
-from e2bfacade.runtime.local.net.network import (
-    NetworkConfig,
-    SandboxNetwork,
-    digest_of,
-    load_config,
-)
+from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
