@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
+from tests.support.live_server import listening
 
 REPO = Path(__file__).resolve().parents[2]
 _cidrs = itertools.count((os.getpid() * 13) % 900)
@@ -59,24 +58,6 @@ def network_config(internet: TestInternet, **extra: object) -> NetworkConfig:
         proxy_port=unique_port(),
         **extra,  # type: ignore[arg-type]
     )
-
-
-def listening(pid: int) -> list[tuple[str, int]]:
-    """The TCP (IPv4) addresses process ``pid`` listens on."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN
-            hex_address, hex_port = fields[1].split(":")
-            address = socket.inet_ntoa(struct.pack("<I", int(hex_address, 16)))
-            found.append((address, int(hex_port, 16)))
-    return found
 
 
 def start_egress(root: Path) -> subprocess.Popen[bytes]:
