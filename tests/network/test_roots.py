@@ -33,7 +33,6 @@ from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.network.conftest import (
     REPO,
     curl,
-    listening,
     network_config,
     start_egress,
     unique_cidr,
@@ -42,6 +41,7 @@ from tests.network.conftest import (
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import any_daemon_pids
 from tests.support.internet import TestInternet
+from tests.support.live_server import listening
 
 DOMAINS = NetworkPolicy(
     allow_internet=True, allow_out=("allowed.example",), deny_out=("0.0.0.0/0",)
