@@ -38,7 +38,8 @@ from e2b import Sandbox  # noqa: E402
 from bench.runtime_bench import cleanup  # noqa: E402
 from bench.stats import database_url, figure, percentile  # noqa: E402
 from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
-from e2bfacade.runtime.local import LocalRuntime, warm  # noqa: E402
+from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
+from e2bfacade.runtime.local.pools import warm  # noqa: E402
 from tests.support.live_server import live_server, manage  # noqa: E402
 
 COLD_GAP_S = 0.15

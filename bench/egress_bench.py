@@ -34,10 +34,10 @@ from e2bfacade.runtime.base import (  # noqa: E402
     NetworkPolicy,
     ProcessSpec,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
-from e2bfacade.runtime.local.network import NetworkConfig  # noqa: E402
+from e2bfacade.runtime.local.net.rules import NetworkConfig  # noqa: E402
 from tests.support.internet import TestInternet  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,8 +62,7 @@ print(json.dumps(took))
 
 def requests(rt: LocalRuntime, sid: str, host: str, address: str, n: int) -> list[float]:
     done = run_process(
-        rt,
-        sid,
+        rt.guest(sid),
         ProcessSpec(argv=("python3", "-c", GUEST, host, address, str(n)), timeout=600),
     )
     if done.exit_code != 0:
@@ -79,7 +78,7 @@ def row(name: str, values: list[float]) -> str:
 
 def start_proxy(root: Path) -> subprocess.Popen[bytes]:
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "e2bfacade.runtime.local.egress", str(root)],
+        [sys.executable, "-m", "e2bfacade.runtime.local.net.egress", str(root)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115

@@ -31,10 +31,10 @@ from e2bfacade.runtime.base import (  # noqa: E402
     NetworkPolicy,
     ProcessSpec,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
-from e2bfacade.runtime.local.network import NetworkConfig  # noqa: E402
+from e2bfacade.runtime.local.net.rules import NetworkConfig  # noqa: E402
 from tests.support.internet import SINK_PORT, TestInternet  # noqa: E402
 
 COLD_GAP_S = 0.15
@@ -148,8 +148,7 @@ def main() -> int:
             gbits = []
             for _ in range(3):
                 out = run_process(
-                    net,
-                    "bthru",
+                    net.guest("bthru"),
                     ProcessSpec(argv=("python3", "-c", SEND), user="user", timeout=120),
                 )
                 gbits.append(float(out.stdout.decode().strip()))

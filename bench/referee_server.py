@@ -29,6 +29,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=3100)
     parser.add_argument("--code-interpreter", action="store_true")
     args = parser.parse_args()
+    # SIGTERM as Ctrl-C: everything below is torn down either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.postgres:
         os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/e2bfacade")
     with TestInternet() as internet:

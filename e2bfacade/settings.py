@@ -21,7 +21,7 @@ from e2bfacade.runtime import registry as runtime_registry
 from e2bfacade.startup import BUILTIN_SECRET_KEY
 
 if TYPE_CHECKING:
-    from e2bfacade.runtime.local.network import NetworkConfig
+    from e2bfacade.runtime.local.net.rules import NetworkConfig
 
 # Lets `admin.ModelAdmin[Team]` and friends be subscripted at runtime, as django-stubs types them.
 django_stubs_ext.monkeypatch()
@@ -267,7 +267,7 @@ def _egress_port() -> int | None:
 
 
 def _sandbox_network() -> NetworkConfig | None:
-    """The local runtime's networking (e2bfacade/runtime/local/network.py), or None.
+    """The local runtime's networking (e2bfacade/runtime/local/net/network.py), or None.
 
     ``SANDBOX_UPLINK``: the interface sandbox traffic leaves by; ``auto`` (the default) is
     the host's default route's, ``none`` turns networking off (sandboxes get their own
@@ -275,7 +275,8 @@ def _sandbox_network() -> NetworkConfig | None:
     uplink = env.str("SANDBOX_UPLINK", default="auto")
     if uplink == "none" or SANDBOX_RUNTIME != "local":
         return None
-    from e2bfacade.runtime.local.network import DEFAULT_BLOCKED, NetworkConfig, default_route
+    from e2bfacade.runtime.local.net.network import default_route
+    from e2bfacade.runtime.local.net.rules import DEFAULT_BLOCKED, NetworkConfig
 
     gateway = env.str("SANDBOX_UPLINK_GATEWAY", default="") or None
     if uplink == "auto":

@@ -9,15 +9,16 @@ No method is ever called inside a database transaction.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import enum
 import re
 import socket
-import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from e2bfacade.runtime.guest import Guest
 
 # E2B's ids are "i" + 20 of [a-z0-9]; we accept any short URL-safe id and refuse everything
 # that could escape a path (/, .., NUL) or a mount option (",", ":", "=").
@@ -342,54 +343,6 @@ class ProcessResult:
     truncated: bool = False  # output beyond max_output was read and dropped
 
 
-def run_process(
-    runtime: Runtime,
-    sandbox_id: str,
-    spec: ProcessSpec,
-    *,
-    stdin: bytes = b"",
-    max_output: int = 16 << 20,
-) -> ProcessResult:
-    """Start ``spec``, feed it ``stdin``, collect its output and wait for it — the buffered
-    convenience over :meth:`Runtime.start_process` (tests, benches, operator commands). At
-    most ``max_output`` bytes of each stream are kept; the rest is read and dropped, so a
-    guest that writes without end cannot grow the host. Returns when the process has ended
-    (its lifetime, ``spec.timeout``, bounds that) and its written output is read."""
-    if stdin and not spec.stdin:
-        spec = dataclasses.replace(spec, stdin=True)
-    proc = runtime.start_process(sandbox_id, spec)
-    feeder = None
-    try:
-        if spec.stdin:
-            # On a thread: a process that writes before it reads must not deadlock us.
-            def feed() -> None:
-                try:
-                    if stdin:
-                        proc.write_stdin(stdin)
-                    proc.close_stdin()
-                except (OSError, SandboxRuntimeError):
-                    pass  # it closed its stdin or ended: what it read is what it gets
-
-            feeder = threading.Thread(target=feed, daemon=True)
-            feeder.start()
-        kept: dict[Stream, bytearray] = {s: bytearray() for s in Stream}
-        truncated = False
-        for stream, data in proc.output():
-            room = max_output - len(kept[stream])
-            if len(data) > room:
-                truncated = True
-            kept[stream] += data[: max(room, 0)]
-        status = proc.wait()
-        if feeder is not None:
-            feeder.join(timeout=5)
-    finally:
-        proc.close()
-    stdout = bytes(kept[Stream.PTY] if spec.pty else kept[Stream.STDOUT])
-    return ProcessResult(
-        status.exit_code, stdout, bytes(kept[Stream.STDERR]), status.signal, truncated
-    )
-
-
 # ------------------------------------------------------------------------------- files
 class GuestFileError(SandboxRuntimeError):
     """A file operation failed inside the guest; ``errno`` says why (ENOENT, EACCES,
@@ -575,6 +528,11 @@ class Runtime(Protocol):
         """Keep the pools of ``specs`` (:meth:`keep_warm`, each) and no other: end the idle
         pool sandboxes of every other shape, and those beyond a pool's size (a template
         whose pool was turned off or made smaller, one deleted or changed since)."""
+        ...
+
+    def guest(self, sandbox_id: str) -> Guest:
+        """The running sandbox's guest side, resolved once (:mod:`.guest`): raises
+        SandboxNotFound, or RuntimeConflict when it is not running."""
         ...
 
     def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:

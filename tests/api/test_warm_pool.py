@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rest_framework.test import APIClient
 
-from e2bfacade.runtime.local import LocalRuntime, warm
+from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local.pools import warm
 from sandboxes import worker
 from templates.models import Template
 from tests.runtime.helpers import ok, wait_until
@@ -49,13 +50,13 @@ def test_a_templates_warm_pool_serves_its_creates_exactly_once(
     assert [s["sandboxID"] for s in api_client.get("/v2/sandboxes").json()] == [sid]
 
     # Emptied: the worker's next pass ends the pool's sandbox, and a create starts its own.
-    with runtime._warming:
+    with runtime.warm.filling:
         pass  # the refill has ended
     Template.objects.filter(pk="base").update(warm_pool=None)
     assert "base" not in worker.sandbox_keep_warm()
     assert ready(runtime) == []
     other = api_client.post("/v2/sandboxes", BODY, format="json")
     assert other.status_code == 201
-    with runtime._warming:
+    with runtime.warm.filling:
         pass  # no refill was started
     assert ready(runtime) == []

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from e2bfacade.runtime.base import ProcessSpec, run_process
+from e2bfacade.runtime.base import ProcessSpec
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import any_daemon_pids
 from tests.support.live_server import LiveServer
@@ -32,8 +33,7 @@ def test_a_guest_reads_no_control_plane_secret(
     sandbox = make_sandbox(envs={"MINE": "visible"})
     runtime = LocalRuntime(live_server_e2b.sandbox_root)
     result = run_process(
-        runtime,
-        sandbox.sandbox_id,
+        runtime.guest(sandbox.sandbox_id),
         ProcessSpec(("sh", "-c", READ_ALL_ENVIRONMENTS), user="root", timeout=30),
     )
     assert result.exit_code == 0, result

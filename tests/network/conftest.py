@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -23,12 +21,13 @@ from e2bfacade.runtime.base import (
     NetworkPolicy,
     ProcessSpec,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.network import NetworkConfig
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
+from tests.support.live_server import listening
 
 REPO = Path(__file__).resolve().parents[2]
 _cidrs = itertools.count((os.getpid() * 13) % 900)
@@ -61,28 +60,10 @@ def network_config(internet: TestInternet, **extra: object) -> NetworkConfig:
     )
 
 
-def listening(pid: int) -> list[tuple[str, int]]:
-    """The TCP (IPv4) addresses process ``pid`` listens on."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN
-            hex_address, hex_port = fields[1].split(":")
-            address = socket.inet_ntoa(struct.pack("<I", int(hex_address, 16)))
-            found.append((address, int(hex_port, 16)))
-    return found
-
-
 def start_egress(root: Path) -> subprocess.Popen[bytes]:
     """The root's egress proxy, once it listens (it exits at once if it cannot)."""
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "e2bfacade.runtime.local.egress", str(root)],
+        [sys.executable, "-m", "e2bfacade.runtime.local.net.egress", str(root)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115
@@ -128,7 +109,7 @@ def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
 
 def sh(rt: LocalRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
     result = run_process(
-        rt, sid, ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
+        rt.guest(sid), ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
     )
     return result.exit_code, (result.stdout + result.stderr).decode(errors="replace")
 

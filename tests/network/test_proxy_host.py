@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.egress import EgressProxy
+from e2bfacade.runtime.local.net.egress import EgressProxy
 from tests.network.conftest import curl, sh
 from tests.support.internet import ip_name
 

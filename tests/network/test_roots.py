@@ -25,14 +25,14 @@ from e2bfacade.runtime.base import (
     ProcessSpec,
     RuntimeUnavailable,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.network import NetworkConfig, digest_of, load_config
+from e2bfacade.runtime.local.net.network import digest_of, load_config
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.network.conftest import (
     REPO,
     curl,
-    listening,
     network_config,
     start_egress,
     unique_cidr,
@@ -41,6 +41,7 @@ from tests.network.conftest import (
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import any_daemon_pids
 from tests.support.internet import TestInternet
+from tests.support.live_server import listening
 
 DOMAINS = NetworkPolicy(
     allow_internet=True, allow_out=("allowed.example",), deny_out=("0.0.0.0/0",)
@@ -218,8 +219,7 @@ def test_teardown_root_removes_what_a_gone_service_left_and_keeps_paused_disks(
     rt.create(SandboxSpec(paused, BUILTIN_IMAGE, network=DOMAINS))
     note = secrets.token_hex(8)
     wrote = run_process(
-        rt,
-        paused,
+        rt.guest(paused),
         ProcessSpec(argv=("/bin/sh", "-ec", f"echo {note} > /root/note; sync"), user="root"),
     )
     assert wrote.exit_code == 0

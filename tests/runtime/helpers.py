@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2bfacade.runtime.base import ProcessResult, ProcessSpec, Runtime, run_process
+from e2bfacade.runtime.base import ProcessResult, ProcessSpec, Runtime
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime, build
 
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
@@ -31,7 +32,7 @@ def run(
 ) -> ProcessResult:
     """Run ``argv`` in the sandbox and wait for it (as root in / unless told otherwise)."""
     spec = ProcessSpec(tuple(argv), user=user, cwd=cwd, timeout=timeout)
-    return run_process(rt, sandbox_id, spec, stdin=stdin)
+    return run_process(rt.guest(sandbox_id), spec, stdin=stdin)
 
 
 def sh(rt: Runtime, sandbox_id: str, script: str, **kwargs: Any) -> ProcessResult:

@@ -37,8 +37,8 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
     SandboxState,
     Stream,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 
 pytestmark = pytest.mark.parametrize("driver_name", registry.driver_names())
 
@@ -70,8 +70,7 @@ def make_sandbox(driver: Runtime) -> Iterator[Callable[..., str]]:
 
 def sh(driver: Runtime, sandbox_id: str, script: str, **spec: object) -> tuple[int, str, str]:
     result = run_process(
-        driver,
-        sandbox_id,
+        driver.guest(sandbox_id),
         ProcessSpec(("sh", "-c", script), timeout=30, **spec),  # type: ignore[arg-type]
     )
     return result.exit_code, result.stdout.decode(), result.stderr.decode()
@@ -120,7 +119,7 @@ def test_pause_resume_and_kill(driver: Runtime, make_sandbox: Callable[..., str]
     with pytest.raises(RuntimeConflict):
         driver.pause(sandbox_id)
     with pytest.raises(RuntimeConflict):  # a paused guest runs nothing
-        driver.start_process(sandbox_id, ProcessSpec(("true",)))
+        driver.guest(sandbox_id).start_process(ProcessSpec(("true",)))
     driver.resume(sandbox_id)
     assert driver.status(sandbox_id).state is SandboxState.RUNNING
     assert driver.kill(sandbox_id) is True
@@ -149,7 +148,7 @@ def test_a_snapshot_carries_files_into_a_new_sandbox(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     a = make_sandbox()
-    driver.write_file(a, "/home/user/kept.txt", [b"from a\n"])
+    driver.guest(a).write_file("/home/user/kept.txt", [b"from a\n"])
     image_id = f"snap{uuid.uuid4().hex[:10]}"
     info = driver.snapshot(a, image_id)
     assert info.parent == BUILTIN_IMAGE and info.image_id == image_id
@@ -157,7 +156,7 @@ def test_a_snapshot_carries_files_into_a_new_sandbox(
     b = f"c{uuid.uuid4().hex[:12]}"
     try:
         driver.create(SandboxSpec(b, image_id))
-        assert b"".join(driver.read_file(b, "/home/user/kept.txt")) == b"from a\n"
+        assert b"".join(driver.guest(b).read_file("/home/user/kept.txt")) == b"from a\n"
     finally:
         driver.kill(b)
         driver.kill(a)
@@ -194,8 +193,7 @@ def test_a_process_gets_output_exit_code_and_stdin(
 ) -> None:
     sandbox_id = make_sandbox()
     result = run_process(
-        driver,
-        sandbox_id,
+        driver.guest(sandbox_id),
         ProcessSpec(("sh", "-c", "tr a-z A-Z; echo err >&2; exit 3"), stdin=True),
         stdin=b"hello\n",
     )
@@ -233,7 +231,7 @@ def test_a_process_sees_nothing_of_the_hosts_environment(
 def test_an_unknown_user_is_refused(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     with pytest.raises(GuestFileError) as exc:
-        driver.start_process(sandbox_id, ProcessSpec(("true",), user="nobody-here"))
+        driver.guest(sandbox_id).start_process(ProcessSpec(("true",), user="nobody-here"))
     assert exc.value.errno == errno.ENOENT
 
 
@@ -243,7 +241,7 @@ def test_a_lifetime_kills_the_process_and_its_group(
     sandbox_id = make_sandbox()
     started = time.monotonic()
     result = run_process(
-        driver, sandbox_id, ProcessSpec(("sh", "-c", "sleep 41 & sleep 42"), timeout=0.3)
+        driver.guest(sandbox_id), ProcessSpec(("sh", "-c", "sleep 41 & sleep 42"), timeout=0.3)
     )
     assert result.signal == signal.SIGKILL and time.monotonic() - started < 5
     _, out, _ = sh(driver, sandbox_id, "ps -e -o args=")
@@ -254,7 +252,7 @@ def test_wait_returns_when_the_process_ends_even_if_a_child_holds_its_output(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     sandbox_id = make_sandbox()
-    proc = driver.start_process(sandbox_id, ProcessSpec(("sh", "-c", "sleep 30 & exit 4")))
+    proc = driver.guest(sandbox_id).start_process(ProcessSpec(("sh", "-c", "sleep 30 & exit 4")))
     try:
         assert proc.wait(timeout=5).exit_code == 4
     finally:
@@ -266,7 +264,7 @@ def test_wait_with_a_timeout_raises_while_the_process_runs(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     sandbox_id = make_sandbox()
-    proc = driver.start_process(sandbox_id, ProcessSpec(("sleep", "30")))
+    proc = driver.guest(sandbox_id).start_process(ProcessSpec(("sleep", "30")))
     try:
         with pytest.raises(TimeoutError):
             proc.wait(timeout=0.2)
@@ -282,8 +280,8 @@ def test_output_is_streamed_as_it_comes_and_bounded_when_collected(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     sandbox_id = make_sandbox()
-    proc = driver.start_process(
-        sandbox_id, ProcessSpec(("sh", "-c", "echo first; sleep 30"), timeout=30)
+    proc = driver.guest(sandbox_id).start_process(
+        ProcessSpec(("sh", "-c", "echo first; sleep 30"), timeout=30)
     )
     try:
         stream, data = next(iter(proc.output()))  # arrives long before the process ends
@@ -292,8 +290,7 @@ def test_output_is_streamed_as_it_comes_and_bounded_when_collected(
         proc.send_signal(signal.SIGKILL)
         proc.close()
     result = run_process(
-        driver,
-        sandbox_id,
+        driver.guest(sandbox_id),
         ProcessSpec(("head", "-c", str(8 << 20), "/dev/zero"), timeout=30),
         max_output=1 << 20,
     )
@@ -306,8 +303,7 @@ def test_a_pty_process_has_a_terminal_of_the_asked_size(
     if Capability.PTY not in driver.capabilities:
         pytest.skip("this driver has no pty support")
     sandbox_id = make_sandbox()
-    proc = driver.start_process(
-        sandbox_id,
+    proc = driver.guest(sandbox_id).start_process(
         ProcessSpec(
             ("sh", "-c", "stty size; read line; stty size; echo got $line"),
             pty=PtySize(cols=80, rows=24),
@@ -341,10 +337,10 @@ def test_a_process_outlives_its_handle_and_is_reached_by_pid(
     spec = ProcessSpec(
         ("sh", "-c", script), env={"ASKED": "1"}, cwd="/tmp", stdin=True, timeout=60, tag="t1"
     )
-    proc = driver.start_process(sandbox_id, spec)
+    proc = driver.guest(sandbox_id).start_process(spec)
     pid = proc.pid
     proc.close()  # the caller goes away: the process does not
-    listed = {p.pid: p for p in driver.list_processes(sandbox_id)}
+    listed = {p.pid: p for p in driver.guest(sandbox_id).list_processes()}
     assert pid in listed, listed
     info = listed[pid]
     assert (info.argv, info.cwd, info.tag, dict(info.env)) == (
@@ -353,28 +349,28 @@ def test_a_process_outlives_its_handle_and_is_reached_by_pid(
         "t1",
         {"ASKED": "1"},
     )
-    followers = [driver.connect_process(sandbox_id, pid) for _ in range(2)]
-    driver.process_stdin(sandbox_id, pid, b"one\n")
-    driver.process_close_stdin(sandbox_id, pid)
+    followers = [driver.guest(sandbox_id).connect_process(pid) for _ in range(2)]
+    driver.guest(sandbox_id).process_stdin(pid, b"one\n")
+    driver.guest(sandbox_id).process_close_stdin(pid)
     for follower in followers:  # every follower gets all of it
         out = b"".join(data for _, data in follower.output())
         assert out == b"got one\nclosed\n", out
         assert follower.wait(timeout=5).exit_code == 0
         follower.close()
-    assert pid not in {p.pid for p in driver.list_processes(sandbox_id)}
-    late = driver.connect_process(sandbox_id, pid)  # ended moments ago: its end, at once
+    assert pid not in {p.pid for p in driver.guest(sandbox_id).list_processes()}
+    late = driver.guest(sandbox_id).connect_process(pid)  # ended moments ago: its end, at once
     assert list(late.output()) == [] and late.wait(timeout=1).exit_code == 0
     late.close()
     with pytest.raises(ProcessNotFound):
-        driver.process_signal(sandbox_id, pid, signal.SIGKILL)
+        driver.guest(sandbox_id).process_signal(pid, signal.SIGKILL)
     with pytest.raises(ProcessNotFound):
-        driver.connect_process(sandbox_id, 999_999)
+        driver.guest(sandbox_id).connect_process(999_999)
 
 
 def test_a_process_is_signalled_by_pid(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
-    proc = driver.start_process(sandbox_id, ProcessSpec(("sleep", "60"), timeout=60))
-    driver.process_signal(sandbox_id, proc.pid, signal.SIGKILL)
+    proc = driver.guest(sandbox_id).start_process(ProcessSpec(("sleep", "60"), timeout=60))
+    driver.guest(sandbox_id).process_signal(proc.pid, signal.SIGKILL)
     status = proc.wait(timeout=5)
     assert status.signal == signal.SIGKILL
     proc.close()
@@ -384,11 +380,11 @@ def test_write_creates_parents_owned_by_the_user_and_read_returns_it(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     sandbox_id = make_sandbox()
-    entry = driver.write_file(sandbox_id, "deep/er/note.txt", [b"one ", b"two"])
+    entry = driver.guest(sandbox_id).write_file("deep/er/note.txt", [b"one ", b"two"])
     assert entry.path == "/home/user/deep/er/note.txt" and entry.type is FileType.FILE
     assert entry.size == 7 and entry.owner == "user" and entry.name == "note.txt"
-    assert driver.stat(sandbox_id, "/home/user/deep").owner == "user"
-    assert b"".join(driver.read_file(sandbox_id, "~/deep/er/note.txt")) == b"one two"
+    assert driver.guest(sandbox_id).stat("/home/user/deep").owner == "user"
+    assert b"".join(driver.guest(sandbox_id).read_file("~/deep/er/note.txt")) == b"one two"
     _, out, _ = sh(driver, sandbox_id, "stat -c '%U %a' deep deep/er/note.txt")
     assert out.split() == ["user", "755", "user", "644"]
 
@@ -396,29 +392,29 @@ def test_write_creates_parents_owned_by_the_user_and_read_returns_it(
 def test_list_dir_honours_depth(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     sh(driver, sandbox_id, "mkdir -p t/a/b && touch t/f t/a/g t/a/b/h && ln -s /etc t/l")
-    one = {e.path: e.type for e in driver.list_dir(sandbox_id, "t")}
+    one = {e.path: e.type for e in driver.guest(sandbox_id).list_dir("t")}
     assert one == {
         "/home/user/t/a": FileType.DIRECTORY,
         "/home/user/t/f": FileType.FILE,
         "/home/user/t/l": FileType.SYMLINK,
     }
-    two = {e.path for e in driver.list_dir(sandbox_id, "t", depth=2)}
+    two = {e.path for e in driver.guest(sandbox_id).list_dir("t", depth=2)}
     assert two == set(one) | {"/home/user/t/a/b", "/home/user/t/a/g"}
-    link = driver.stat(sandbox_id, "t/l")
+    link = driver.guest(sandbox_id).stat("t/l")
     assert link.type is FileType.SYMLINK and link.symlink_target == "/etc"
 
 
 def test_make_dir_move_and_remove(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
-    assert driver.make_dir(sandbox_id, "x/y") is True
-    assert driver.make_dir(sandbox_id, "x/y") is False
-    moved = driver.move(sandbox_id, "x", "z")
+    assert driver.guest(sandbox_id).make_dir("x/y") is True
+    assert driver.guest(sandbox_id).make_dir("x/y") is False
+    moved = driver.guest(sandbox_id).move("x", "z")
     assert moved.path == "/home/user/z" and moved.type is FileType.DIRECTORY
     with pytest.raises(GuestFileError) as exc:
-        driver.stat(sandbox_id, "x")
+        driver.guest(sandbox_id).stat("x")
     assert exc.value.errno == errno.ENOENT
-    driver.remove(sandbox_id, "z")
-    driver.remove(sandbox_id, "z")  # missing is fine
+    driver.guest(sandbox_id).remove("z")
+    driver.guest(sandbox_id).remove("z")  # missing is fine
     code, _, _ = sh(driver, sandbox_id, "test -e z")
     assert code == 1
 
@@ -427,16 +423,16 @@ def test_file_operations_use_the_users_permissions(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
     sandbox_id = make_sandbox()
-    driver.write_file(sandbox_id, "/root/secret", [b"root only"], user="root")
+    driver.guest(sandbox_id).write_file("/root/secret", [b"root only"], user="root")
     for op in (
-        lambda: b"".join(driver.read_file(sandbox_id, "/root/secret")),
-        lambda: driver.write_file(sandbox_id, "/etc/planted", [b"x"]),
-        lambda: driver.remove(sandbox_id, "/root/secret"),
+        lambda: b"".join(driver.guest(sandbox_id).read_file("/root/secret")),
+        lambda: driver.guest(sandbox_id).write_file("/etc/planted", [b"x"]),
+        lambda: driver.guest(sandbox_id).remove("/root/secret"),
     ):
         with pytest.raises(GuestFileError) as exc:
             op()
         assert exc.value.errno == errno.EACCES
-    assert driver.stat(sandbox_id, "/root/secret", user="root").owner == "root"
+    assert driver.guest(sandbox_id).stat("/root/secret", user="root").owner == "root"
 
 
 def test_guest_symlinks_resolve_inside_the_guest(
@@ -445,10 +441,10 @@ def test_guest_symlinks_resolve_inside_the_guest(
     sandbox_id = make_sandbox()
     # Absolute and relative links that would reach host files if resolved on the host.
     sh(driver, sandbox_id, "ln -s / up; ln -s ../../../../../../.. rel; echo guest > /tmp/m")
-    assert b"".join(driver.read_file(sandbox_id, "up/tmp/m")) == b"guest\n"
-    assert b"".join(driver.read_file(sandbox_id, "rel/tmp/m")) == b"guest\n"
+    assert b"".join(driver.guest(sandbox_id).read_file("up/tmp/m")) == b"guest\n"
+    assert b"".join(driver.guest(sandbox_id).read_file("rel/tmp/m")) == b"guest\n"
     with pytest.raises(GuestFileError):  # the guest has no /proc/1/root of ours to follow
-        driver.stat(sandbox_id, "/proc/1/root/etc")
+        driver.guest(sandbox_id).stat("/proc/1/root/etc")
 
 
 def test_reading_a_directory_or_a_missing_file_says_why(
@@ -457,5 +453,5 @@ def test_reading_a_directory_or_a_missing_file_says_why(
     sandbox_id = make_sandbox()
     for path, expected in (("/home", errno.EISDIR), ("/nope/none", errno.ENOENT)):
         with pytest.raises(GuestFileError) as exc:
-            b"".join(driver.read_file(sandbox_id, path))
+            b"".join(driver.guest(sandbox_id).read_file(path))
         assert exc.value.errno == expected

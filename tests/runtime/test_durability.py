@@ -21,7 +21,7 @@ from e2bfacade.runtime.base import (
     SandboxState,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.disks import MOUNT
+from e2bfacade.runtime.local.storage.disks import MOUNT
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import cgroup_dirs, ok, sh, wait_until
 from tests.support.runtime_support import power_cut
@@ -51,7 +51,7 @@ def test_a_filesystem_pause_ends_the_processes_keeps_the_files_and_a_resume_cold
     with pytest.raises(RuntimeConflict):
         runtime.pause(sandbox_id, memory=False)
     with pytest.raises(RuntimeConflict):
-        runtime.start_process(sandbox_id, ProcessSpec(("true",)))
+        runtime.guest(sandbox_id).start_process(ProcessSpec(("true",)))
     assert sandbox_id in runtime.census().kept
     assert sandbox_id not in runtime.sweep()  # kept, not reaped
 

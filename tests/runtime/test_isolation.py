@@ -280,18 +280,18 @@ def test_file_operations_never_follow_a_guest_symlink_onto_the_host(
     (host_scratch / "host-file").write_text("host only\n")
     for link in ("abs", "rel"):  # the target does not exist in the guest: nothing happens
         for op in (
-            lambda link=link: runtime.make_dir(running, f"{link}/made"),
-            lambda link=link: runtime.write_file(running, f"{link}/written", [b"guest\n"]),
-            lambda link=link: b"".join(runtime.read_file(running, f"{link}/host-file")),
+            lambda link=link: runtime.guest(running).make_dir(f"{link}/made"),
+            lambda link=link: runtime.guest(running).write_file(f"{link}/written", [b"guest\n"]),
+            lambda link=link: b"".join(runtime.guest(running).read_file(f"{link}/host-file")),
         ):
             with pytest.raises(SandboxRuntimeError):
                 op()
     ok(runtime, running, f"mkdir -p {host_scratch} && chown user {host_scratch}")
     for link in ("abs", "rel"):  # now it does, in the guest: that is where the links lead
-        runtime.make_dir(running, f"{link}/made-{link}")
-        runtime.write_file(running, f"{link}/written-{link}", [b"guest\n"])
+        runtime.guest(running).make_dir(f"{link}/made-{link}")
+        runtime.guest(running).write_file(f"{link}/written-{link}", [b"guest\n"])
         with pytest.raises(SandboxRuntimeError):
-            b"".join(runtime.read_file(running, f"{link}/host-file"))
+            b"".join(runtime.guest(running).read_file(f"{link}/host-file"))
     assert sorted(p.name for p in host_scratch.iterdir()) == ["host-file"]
     listing = ok(runtime, running, f"ls {host_scratch}").split()
     assert listing == ["made-abs", "made-rel", "written-abs", "written-rel"]
@@ -301,15 +301,15 @@ def test_file_operations_refuse_the_guests_kernel_interfaces(
     runtime: LocalRuntime, running: str
 ) -> None:
     for op in (
-        lambda: runtime.write_file(running, "/proc/sys/kernel/hostname", [b"x"], user="root"),
-        lambda: runtime.remove(running, "/proc", user="root"),
-        lambda: b"".join(runtime.read_file(running, "/proc/1/environ", user="root")),
-        lambda: runtime.remove(running, "/", user="root"),
+        lambda: runtime.guest(running).write_file("/proc/sys/kernel/hostname", [b"x"], user="root"),
+        lambda: runtime.guest(running).remove("/proc", user="root"),
+        lambda: b"".join(runtime.guest(running).read_file("/proc/1/environ", user="root")),
+        lambda: runtime.guest(running).remove("/", user="root"),
     ):
         with pytest.raises(SandboxRuntimeError):
             op()
     assert ok(runtime, running, "cat /proc/1/stat | cut -d' ' -f1") == "1\n"
-    listed = {e.name for e in runtime.list_dir(running, "/", user="root", depth=2)}
+    listed = {e.name for e in runtime.guest(running).list_dir("/", user="root", depth=2)}
     assert "proc" in listed and "1" not in listed  # /proc is listed, not walked
 
 

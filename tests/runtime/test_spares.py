@@ -154,7 +154,7 @@ def test_without_spares_nothing_is_made_ahead() -> None:
 
 
 def test_spares_of_another_helper_version_are_never_claimed_and_are_swept(rt: LocalRuntime) -> None:
-    from e2bfacade.runtime.local.spares import Spares
+    from e2bfacade.runtime.local.pools.spares import Spares
 
     rt.spares.fill()
     parked = rt.cgroups.spare_groups()

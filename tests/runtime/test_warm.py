@@ -1,5 +1,5 @@
 """Templates with a start command, and the warm pool of started sandboxes a create takes
-(e2bfacade/runtime/local/warm.py): a create returns once the command is ready, a broken
+(e2bfacade/runtime/local/pools/warm.py): a create returns once the command is ready, a broken
 command leaves nothing, a pool sandbox goes to exactly one create and becomes that
 create's sandbox (id, host name, env vars, groups, slot), a crash mid-claim re-drives to one
 sandbox, and pool sandboxes are in no listing."""
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import CreateRefused, ImageBuild, SandboxSpec, StartCommand
-from e2bfacade.runtime.local import LocalRuntime, warm
+from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local.pools import warm
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import ok, wait_until
 
@@ -69,7 +70,7 @@ def spec(sid: str, **kw: object) -> SandboxSpec:
 
 
 def pool(rt: LocalRuntime) -> list[Path]:
-    return warm.ready(rt.root / "sandboxes", warm.shape_key(spec("x"), rt._version))
+    return warm.ready(rt.root / "sandboxes", warm.shape_key(spec("x"), rt.version))
 
 
 def filled(rt: LocalRuntime) -> Path:
@@ -80,7 +81,7 @@ def filled(rt: LocalRuntime) -> Path:
 
 def port_open(rt: LocalRuntime, sid: str) -> bool:
     try:
-        rt.connect_port(sid, PORT, timeout=1).close()
+        rt.guest(sid).connect_port(PORT, timeout=1).close()
     except OSError:
         return False
     return True
@@ -100,14 +101,14 @@ def leftovers(rt: LocalRuntime, name: str) -> list[str]:
 
 # --------------------------------------------------------------------- start commands
 def test_a_create_returns_once_the_start_command_listens(rt: LocalRuntime) -> None:
-    rt.warm_target, target = 0, rt.warm_target  # a cold create, with its own start
+    rt.warm.target, target = 0, rt.warm.target  # a cold create, with its own start
     try:
         sid = new_id()
         started = time.monotonic()
         rt.create(spec(sid))
         assert time.monotonic() - started >= 0.2  # the service's own start-up delay
         assert port_open(rt, sid)
-        listed = [p for p in rt.list_processes(sid) if p.tag == "start"]
+        listed = [p for p in rt.guest(sid).list_processes() if p.tag == "start"]
         assert len(listed) == 1 and listed[0].argv == SERVICE
         # It runs as the template's user, and every process gets the image's env under
         # the sandbox's own.
@@ -122,7 +123,7 @@ def test_a_create_returns_once_the_start_command_listens(rt: LocalRuntime) -> No
         )
         rt.kill(sid)
     finally:
-        rt.warm_target = target
+        rt.warm.target = target
 
 
 @pytest.mark.parametrize(
@@ -226,30 +227,30 @@ def test_the_sweep_ends_an_abandoned_claim_and_stale_pool_sandboxes(rt: LocalRun
     ready = filled(rt)
     pool_id, sid = ready.name, new_id()
     os.rename(ready, rt.root / "sandboxes" / sid)  # a claim whose create never came back
-    rt.warm_target, target = 0, rt.warm_target
+    rt.warm.target, target = 0, rt.warm.target
     try:
         rt.sweep()
         assert leftovers(rt, sid) == [] and leftovers(rt, pool_id) == []
     finally:
-        rt.warm_target = target
+        rt.warm.target = target
     # A pool sandbox made by other helper binaries serves no create: the sweep ends it.
     ready = filled(rt)
     state = json.loads((ready / "state.json").read_text())
     (ready / "state.json").write_text(json.dumps({**state, "warm_version": "older"}))
-    rt.warm_target = 0
+    rt.warm.target = 0
     try:
         rt.sweep()
         assert leftovers(rt, ready.name) == []
     finally:
-        rt.warm_target = target
+        rt.warm.target = target
 
 
 def test_discarding_the_pool_ends_its_sandboxes(rt: LocalRuntime) -> None:
     ready = filled(rt)
-    rt.discard_warm()
+    rt.warm.discard()
     assert leftovers(rt, ready.name) == []
     assert not [p for p in os.listdir(rt.root / "sandboxes") if warm.is_warm(p)]
-    rt.warm_target = 1
+    rt.warm.target = 1
 
 
 # ------------------------------------------------------- a pool for any template (warm_pool)
@@ -258,7 +259,7 @@ def base_spec(sid: str, **kw: object) -> SandboxSpec:
 
 
 def base_pool(rt: LocalRuntime) -> list[Path]:
-    return warm.ready(rt.root / "sandboxes", warm.shape_key(base_spec("x"), rt._version))
+    return warm.ready(rt.root / "sandboxes", warm.shape_key(base_spec("x"), rt.version))
 
 
 def test_a_template_without_a_start_command_gets_the_pool_it_asks_for(rt: LocalRuntime) -> None:
@@ -293,14 +294,14 @@ def test_a_template_without_a_start_command_gets_the_pool_it_asks_for(rt: LocalR
 
 
 def test_warm_pool_zero_turns_a_start_commands_pool_off(rt: LocalRuntime) -> None:
-    with rt._warming:  # no refill under way: end every pool sandbox, starting ones too
+    with rt.warm.filling:  # no refill under way: end every pool sandbox, starting ones too
         for name in rt.layout.sandbox_ids():
             if warm.is_warm(name):
                 rt.kill(name)
     sid = new_id()
     rt.create(spec(sid, warm_pool=0))
     time.sleep(0.5)  # the service alone takes 0.2 s: a refill would have begun
-    assert warm.count(rt.root / "sandboxes", warm.shape_key(spec("x"), rt._version)) == 0
+    assert warm.count(rt.root / "sandboxes", warm.shape_key(spec("x"), rt.version)) == 0
     rt.kill(sid)
 
 
@@ -308,12 +309,12 @@ def test_warm_pools_keeps_the_pools_it_is_told_and_ends_every_other(rt: LocalRun
     two, one = base_spec("shape", warm_pool=2), base_spec("shape", warm_pool=1)
     rt.warm_pools([two])
     assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)
-    with rt._warming:
+    with rt.warm.filling:
         pass  # the refill has ended (it would otherwise count what we end next)
     rt.warm_pools([one])  # made smaller: the extra one ends
     assert len(base_pool(rt)) == 1
     rt.warm_pools([])  # turned off: none is left, and none is made again
     assert base_pool(rt) == []
-    with rt._warming:
+    with rt.warm.filling:
         pass  # a refill under way has ended
-    assert warm.count(rt.root / "sandboxes", warm.shape_key(two, rt._version)) == 0
+    assert warm.count(rt.root / "sandboxes", warm.shape_key(two, rt.version)) == 0

@@ -17,8 +17,8 @@ from e2bfacade.runtime.base import (
     ProcessSpec,
     SandboxNotFound,
     SandboxSpec,
-    run_process,
 )
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import buried, cgroup_file, cgroup_pids, ok, run, wait_until
@@ -114,8 +114,7 @@ def test_endless_output_is_capped_and_the_host_does_not_grow(
     runtime.create(SandboxSpec(sandbox_id, "base"))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run_process(
-        runtime,
-        sandbox_id,
+        runtime.guest(sandbox_id),
         ProcessSpec(("head", "-c", str(1 << 30), "/dev/zero"), timeout=60),
         max_output=1 << 20,
     )
@@ -131,8 +130,7 @@ def test_a_lifetime_kills_the_whole_tree_and_a_grandchild_never_holds_the_host(
     started = time.monotonic()
     # setsid: out of the command's process group, so its lifetime kill does not reach it.
     result = run_process(
-        runtime,
-        sandbox_id,
+        runtime.guest(sandbox_id),
         ProcessSpec(("sh", "-c", "setsid sleep 300 & echo started; sleep 300"), timeout=1),
     )
     assert result.stdout == b"started\n" and result.signal == 9
@@ -147,8 +145,8 @@ def test_operations_on_a_killed_sandbox_say_it_is_gone(
     runtime.create(SandboxSpec(sandbox_id, "base"))
     runtime.kill(sandbox_id)
     for op in (
-        lambda: runtime.start_process(sandbox_id, ProcessSpec(("true",))),
-        lambda: runtime.stat(sandbox_id, "/"),
+        lambda: runtime.guest(sandbox_id).start_process(ProcessSpec(("true",))),
+        lambda: runtime.guest(sandbox_id).stat("/"),
         lambda: runtime.metrics(sandbox_id),
     ):
         with pytest.raises(SandboxNotFound):

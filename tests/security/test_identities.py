@@ -19,7 +19,7 @@ from tests.runtime.helpers import ok, run, sh
 def id_base(runtime: LocalRuntime, sandbox_id: str) -> int:
     state = runtime.layout.read_state(sandbox_id)
     assert state is not None
-    return int(state["id_base"])
+    return state.id_base
 
 
 def test_guest_root_and_user_are_unprivileged_host_ids(
@@ -100,7 +100,9 @@ def test_per_uid_kernel_limits_are_per_sandbox(
         "print(sum(fd >= 0 for fd in fds), flush=True)\n"
         "time.sleep(30)\n"
     )
-    proc = runtime.start_process(a, ProcessSpec(("python3", "-c", hog), user="user", timeout=30))
+    proc = runtime.guest(a).start_process(
+        ProcessSpec(("python3", "-c", hog), user="user", timeout=30)
+    )
     try:
         stream, data = next(iter(proc.output()))
         assert int(data) <= limit  # sandbox A's user took every instance it may have

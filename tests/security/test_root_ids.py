@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import BUILTIN_IMAGE, RuntimeUnavailable, SandboxSpec, SandboxState
-from e2bfacade.runtime.local import LocalRuntime, roots
+from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local.net import roots
 from e2bfacade.runtime.local.state import (
     BLOCK_LOCK,
     ID_BLOCK,

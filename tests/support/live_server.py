@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,24 @@ def cleanup_runtime(env: dict[str, str], root: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- server
+def listening(pid: int) -> list[tuple[str, int]]:
+    """The TCP (IPv4) addresses process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN
+            hex_address, hex_port = fields[1].split(":")
+            address = socket.inet_ntoa(struct.pack("<I", int(hex_address, 16)))
+            found.append((address, int(hex_port, 16)))
+    return found
+
+
 class Server:
     """One gunicorn master with ``workers`` sync workers and, when ``lifecycle_worker``,
     ``manage.py run_worker`` beside it, as a deployment runs them."""
@@ -270,7 +289,7 @@ class Server:
             )
             if self.env.get("SANDBOX_UPLINK", "none") != "none":
                 self.egress = subprocess.Popen(
-                    [sys.executable, "-m", "e2bfacade.runtime.local.egress"]
+                    [sys.executable, "-m", "e2bfacade.runtime.local.net.egress"]
                     + [str(self.sandbox_root)],
                     cwd=REPO,
                     env=self.env,
@@ -295,7 +314,12 @@ class Server:
                 raise ServerError(f"the lifecycle worker exited at start:\n{self.log_tail()}")
             if self.dataplane is not None and self.dataplane.poll() is not None:
                 raise ServerError(f"the data plane exited at start:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx.HTTPError, OSError):
+                # Sandbox connections to named domains go through the egress proxy only
+                # while it listens (else their CIDR rules judge them): wait for it.
+                if self.egress is not None and not listening(self.egress.pid):
+                    time.sleep(0.05)
+                    continue
                 if (
                     httpx.get(f"{self.url}/health", timeout=1).status_code == 200
                     # No sandbox named: the data plane's 400 says it is up.

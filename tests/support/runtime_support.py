@@ -45,7 +45,7 @@ def power_cut(root: Path) -> None:
     agent (all in the root's cgroups) — and, as after a reboot, none of its disks mounted.
     (The service's own processes, gunicorn and the rest, are the caller's to kill.)"""
     from e2bfacade.runtime.local.cgroups import detect
-    from e2bfacade.runtime.local.network import digest_of
+    from e2bfacade.runtime.local.net.network import digest_of
 
     for pid in helper_pids(root):
         with contextlib.suppress(ProcessLookupError):

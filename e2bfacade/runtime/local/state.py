@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import RuntimeUnavailable, check_id
+from e2bfacade.runtime.local.record import SandboxRecord
 
 LOCK_STRIPES = 256
 # Each live sandbox owns a range of host ids for its user namespace: guest id N is host id
@@ -138,7 +139,7 @@ class Layout:
 
     def __init__(self, root: Path, *, claim_ids: bool = True) -> None:
         self.root = root
-        self._state_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+        self._state_cache: dict[str, tuple[tuple[int, int, int], SandboxRecord]] = {}
         self._sandboxes = str(root / "sandboxes")
         for sub in ("images", "sandboxes", "locks", "run", "bin", "ids"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -162,7 +163,7 @@ class Layout:
 
     def _claim_block(self) -> int:
         # roots.py, the host's registry, uses this module's helpers: imported when used.
-        from e2bfacade.runtime.local import roots
+        from e2bfacade.runtime.local.net import roots
 
         fd = os.open(self.root / BLOCK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -191,22 +192,22 @@ class Layout:
         with os.scandir(self._sandboxes) as entries:
             return {e.name for e in entries if not e.name.startswith(".")}
 
-    def read_state(self, sandbox_id: str) -> dict[str, Any] | None:
-        """The sandbox's state, or None while it is not (or no longer) created. A state
-        naming another sandbox is a pool sandbox's whose claim did not finish (warm.py):
-        not created either."""
+    def read_state(self, sandbox_id: str) -> SandboxRecord | None:
+        """The sandbox's record, or None while it is not (or no longer) created. A record
+        naming another sandbox is a pool sandbox's whose claim did not finish
+        (pools/warm.py): not created either."""
         try:
-            state = json.loads((self.sandbox_dir(sandbox_id) / "state.json").read_text())
+            data = json.loads((self.sandbox_dir(sandbox_id) / "state.json").read_text())
         except FileNotFoundError:
             return None
-        if state.get("sandbox_id") != sandbox_id:
+        if data.get("sandbox_id") != sandbox_id:
             return None
-        return state  # type: ignore[no-any-return]
+        return SandboxRecord.from_json(data)
 
-    def read_state_cached(self, sandbox_id: str) -> Mapping[str, Any] | None:
-        """:meth:`read_state` for the census (the sweep, :meth:`LocalRuntime.live_ids`),
-        parsed again only when the file changed (a state file is only ever replaced, so a
-        new file is a new inode). Read-only: the mapping is shared between calls."""
+    def read_state_cached(self, sandbox_id: str) -> SandboxRecord | None:
+        """:meth:`read_state` for the census (the sweep, :meth:`LocalRuntime.census`),
+        parsed again only when the file changed (a record is only ever replaced, so a new
+        file is a new inode)."""
         path = f"{self._sandboxes}/{sandbox_id}/state.json"  # a str: no Path per call
         try:
             st = os.stat(path)
@@ -217,14 +218,14 @@ class Layout:
         cached = self._state_cache.get(sandbox_id)
         if cached is not None and cached[0] == key:
             return cached[1]
-        state = self.read_state(sandbox_id)
-        if state is None:
+        record = self.read_state(sandbox_id)
+        if record is None:
             self._state_cache.pop(sandbox_id, None)
             return None
         if len(self._state_cache) > 65536:
             self._state_cache.clear()  # ids of sandboxes long gone; they come back on demand
-        self._state_cache[sandbox_id] = (key, state)
-        return state
+        self._state_cache[sandbox_id] = (key, record)
+        return record
 
     def id_base_take(self, sandbox_id: str) -> int:
         """A free id range for ``sandbox_id`` (or the one it already holds); its base.

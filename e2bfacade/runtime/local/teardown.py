@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2bfacade.runtime.base import SandboxInfo, SandboxState
-from e2bfacade.runtime.local import disks, network, roots, trees
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
 from e2bfacade.runtime.local.driver import LocalRuntime
-from e2bfacade.runtime.local.network import digest_of
+from e2bfacade.runtime.local.net import network, roots
+from e2bfacade.runtime.local.net.network import digest_of
+from e2bfacade.runtime.local.storage import disks, trees
 
 KEPT = "kept"
 LOOP_CLR_FD = 0x4C01
@@ -116,7 +117,8 @@ def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
     """End the sandbox's processes, if any, and move its disk image to ``kept/``."""
     d = runtime.layout.sandbox_dir(sandbox_id)
     with runtime.layout.locked("sandbox", sandbox_id):
-        state = runtime.layout.read_state(sandbox_id) or {}
+        record = runtime.layout.read_state(sandbox_id)
+        state = record.to_json() if record is not None else {}
         image = d / disks.IMAGE
         if not image.exists():
             return None

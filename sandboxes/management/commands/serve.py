@@ -108,9 +108,9 @@ class Command(BaseCommand):
             if not options["no_worker"]:
                 children["worker"] = subprocess.Popen([python, "manage.py", "run_worker"])
             if settings.SANDBOX_NETWORK is not None:
-                # Domain names in allowOut (e2bfacade/runtime/local/egress.py).
+                # Domain names in allowOut (e2bfacade/runtime/local/net/egress.py).
                 children["egress"] = subprocess.Popen(
-                    [python, "-m", "e2bfacade.runtime.local.egress", str(settings.SANDBOX_ROOT)]
+                    [python, "-m", "e2bfacade.runtime.local.net.egress", str(settings.SANDBOX_ROOT)]
                     + [json.dumps(settings.SANDBOX_NETWORK.to_json())]  # this service's own
                 )
             self.stderr.write(

@@ -29,9 +29,9 @@ from e2bfacade.runtime.base import (
     ImageNotFound,
     StartCommand,
 )
-from e2bfacade.runtime.local import layers, trees
 from e2bfacade.runtime.local.state import Layout
 from e2bfacade.runtime.local.state import write_json as state_write_json
+from e2bfacade.runtime.local.storage import layers, trees
 
 BASE_IMAGE = BUILTIN_IMAGE
 GUEST_USER_UID = 1000

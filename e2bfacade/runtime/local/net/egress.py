@@ -23,7 +23,7 @@ delivered locally before any routing mark applies; the kernel refuses that too
 E2B's proxy does). Every socket the proxy opens carries the runtime's routing mark, so it
 leaves by the sandboxes' uplink, never by the host's own routes.
 
-Run as ``python -m e2bfacade.runtime.local.egress SANDBOX_ROOT [NETWORK_JSON]``
+Run as ``python -m e2bfacade.runtime.local.net.egress SANDBOX_ROOT [NETWORK_JSON]``
 (``manage.py serve`` supervises it and gives it the service's networking configuration;
 without one it takes what the root's runtime saved); it serves every sandbox of that root.
 It claims the root's share of the host's network as every runtime process does
@@ -51,13 +51,9 @@ import dns.query
 import dns.rdatatype
 
 from e2bfacade.runtime.base import RuntimeUnavailable
-from e2bfacade.runtime.local.hostaddrs import HostAddresses
-from e2bfacade.runtime.local.network import (
-    NetworkConfig,
-    SandboxNetwork,
-    digest_of,
-    load_config,
-)
+from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
+from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
+from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
@@ -269,7 +265,7 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print(
-            "usage: python -m e2bfacade.runtime.local.egress SANDBOX_ROOT [NETWORK_JSON]",
+            "usage: python -m e2bfacade.runtime.local.net.egress SANDBOX_ROOT [NETWORK_JSON]",
             file=sys.stderr,
         )
         return 2

@@ -33,13 +33,11 @@ import errno
 import fcntl
 import logging
 import os
-import secrets
 import struct
 import subprocess
 from pathlib import Path
 
 from e2bfacade.runtime.base import MIN_DISK_MB, CreateRefused
-from e2bfacade.runtime.local.state import Layout
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
@@ -56,7 +54,11 @@ MS_BIND = 4096
 MNT_DETACH = 2
 __all__ = [
     "MIN_DISK_MB",
-    "DiskPool",
+    "bind",
+    "format_image",
+    "mount_image",
+    "own",
+    "unmount",
     "attach",
     "detach",
     "ensure_mounted",
@@ -110,7 +112,7 @@ def _loop_attach(image: Path) -> tuple[str, int]:
         os.close(ctl)
 
 
-def _format(image: Path, size_mb: int) -> None:
+def format_image(image: Path, size_mb: int) -> None:
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
     os.chmod(image, 0o600)
@@ -142,7 +144,7 @@ def _format(image: Path, size_mb: int) -> None:
         raise CreateRefused(f"cannot format the sandbox's disk: {why}")
 
 
-def _mount(image: Path, mount_point: Path) -> None:
+def mount_image(image: Path, mount_point: Path) -> None:
     """Mount ``image`` on ``mount_point`` with ``upper`` and ``work`` in it (root's, when
     they are new)."""
     mount_point.mkdir(mode=0o700, exist_ok=True)
@@ -157,12 +159,12 @@ def _mount(image: Path, mount_point: Path) -> None:
         (mount_point / sub).mkdir(mode=0o755, exist_ok=True)
 
 
-def _own(mount_point: Path, owner: int) -> None:
+def own(mount_point: Path, owner: int) -> None:
     for sub in ("upper", "work"):
         os.chown(mount_point / sub, owner, owner)
 
 
-def _unmount(mount_point: Path) -> None:
+def unmount(mount_point: Path) -> None:
     if os.path.ismount(mount_point):
         _check(_libc.umount2(os.fsencode(mount_point), MNT_DETACH), f"unmount {mount_point}")
     with contextlib.suppress(FileNotFoundError, OSError):
@@ -176,10 +178,18 @@ def attach(sandbox_dir: Path, size_mb: int, owner: int) -> Path:
     removes the directory (:func:`detach` is safe on a half-made disk)."""
     image = sandbox_dir / IMAGE
     mount_point = sandbox_dir / MOUNT
-    _format(image, size_mb)
-    _mount(image, mount_point)
-    _own(mount_point, owner)
+    format_image(image, size_mb)
+    mount_image(image, mount_point)
+    own(mount_point, owner)
     return mount_point
+
+
+def bind(source: Path, mount_point: Path) -> None:
+    """Bind-mount ``source`` (a mounted disk) on ``mount_point`` (it keeps the source's
+    nodev, nosuid and noatime)."""
+    mount_point.mkdir(mode=0o700, exist_ok=True)
+    rc = _libc.mount(os.fsencode(source), os.fsencode(mount_point), None, MS_BIND, None)
+    _check(rc, f"bind {source}")
 
 
 def exists(sandbox_dir: Path) -> bool:
@@ -203,7 +213,7 @@ def ensure_mounted(sandbox_dir: Path) -> None:
     device = _attached_device(image)
     if device is None:
         _repair(image)
-        _mount(image, mount_point)
+        mount_image(image, mount_point)
         return
     mount_point.mkdir(mode=0o700, exist_ok=True)
     flags = MS_NODEV | MS_NOSUID | MS_NOATIME
@@ -259,118 +269,11 @@ def sync(sandbox_dir: Path) -> None:
         os.close(fd)
 
 
-class DiskPool:
-    """Disks formatted and mounted ahead of the creates that will take them, so a create
-    pays a bind mount (about 0.15 ms) instead of mkfs and mount (about 4 ms).
-
-    ``pool/<size>-<token>.img`` is a ready disk of ``size`` MiB, mounted on
-    ``pool/<size>-<token>/``; it is made under a hidden name and renamed when ready. A
-    create claims one by renaming its image into the sandbox's directory (exactly one
-    claimer succeeds), bind-mounts the pool mount there and detaches the pool's. Whatever a
-    crash leaves is swept by name; after a reboot the images are there but their mounts are
-    not, and such a disk is discarded when a create or a sweep meets it."""
-
-    def __init__(self, layout: Layout, target: int) -> None:
-        self.layout = layout
-        self.dir = layout.root / "pool"
-        self.dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.dir, 0o700)
-        self.target = target
-        self.closed = False
-
-    def lock(self) -> contextlib.AbstractContextManager[bool]:
-        """One filler or sweeper per runtime root at a time (yields whether it was got)."""
-        return self.layout.locked("diskpool", "fill", blocking=False)
-
-    def entry_lock(self, name: str) -> contextlib.AbstractContextManager[bool]:
-        """Held by a claimer from taking a disk until its bind mount is made, and by a
-        sweeper before it unmounts a pool mount that has no image any more: without it a
-        sweeper could unmount a disk between its claimer's check and its bind."""
-        return self.layout.locked("pooldisk", name, blocking=False)
-
-    def ready(self, size_mb: int) -> list[Path]:
-        return sorted(self.dir.glob(f"{size_mb}-*.img"))
-
-    def claim(self, sandbox_dir: Path, size_mb: int, owner: int) -> bool:
-        for image in self.ready(size_mb):
-            with self.entry_lock(image.stem) as got:
-                if got and self._take(image, sandbox_dir, owner):
-                    return True
-        return False
-
-    def _take(self, image: Path, sandbox_dir: Path, owner: int) -> bool:
-        pooled = image.with_suffix("")
-        try:
-            os.rename(image, sandbox_dir / IMAGE)
-        except FileNotFoundError:
-            return False  # another create took it
-        if not os.path.ismount(pooled):  # made before a reboot: its mount is gone
-            (sandbox_dir / IMAGE).unlink()
-            _unmount(pooled)
-            return False
-        mount_point = sandbox_dir / MOUNT
-        mount_point.mkdir(mode=0o700, exist_ok=True)
-        # A bind mount keeps the source's nodev/nosuid/noatime.
-        rc = _libc.mount(os.fsencode(pooled), os.fsencode(mount_point), None, MS_BIND, None)
-        _check(rc, f"bind {pooled}")
-        # The pool's own mount of it is detached by the next fill (an unmount waits for
-        # an RCU grace period, about 1 ms, that this create need not wait for).
-        _own(mount_point, owner)
-        return True
-
-    def fill(self, size_mb: int) -> int:
-        made = 0
-        with self.lock() as got:
-            if got:
-                self._clear(keep_ready=True)  # first, the pool mounts of claimed disks
-            while got and not self.closed and len(self.ready(size_mb)) < self.target:
-                name = f"{size_mb}-{secrets.token_hex(6)}"
-                hidden = self.dir / f".{name}.img"
-                try:
-                    _format(hidden, size_mb)
-                    _mount(hidden, self.dir / name)
-                    os.rename(hidden, self.dir / f"{name}.img")
-                except (OSError, CreateRefused) as exc:
-                    log.warning("could not make a pooled disk: %s", exc)
-                    _unmount(self.dir / name)
-                    hidden.unlink(missing_ok=True)
-                    break
-                made += 1
-        return made
-
-    def sweep(self) -> None:
-        """Remove what a crashed filler, a claimer or a reboot left."""
-        with self.lock() as got:
-            if got:
-                self._clear(keep_ready=True)
-
-    def discard(self) -> None:
-        self.closed = True
-        with self.lock() as got:
-            if got:
-                self._clear(keep_ready=False)
-
-    def _clear(self, keep_ready: bool) -> None:
-        for path in self.dir.iterdir():
-            name = path.name.removeprefix(".").removesuffix(".img")
-            with self.entry_lock(name) as got:
-                if not got:
-                    continue  # being claimed
-                if path.suffix == ".img":
-                    pooled = self.dir / name
-                    if keep_ready and not path.name.startswith(".") and os.path.ismount(pooled):
-                        continue
-                    path.unlink(missing_ok=True)
-                    _unmount(pooled)
-                elif path.is_dir() and not (self.dir / f"{path.name}.img").exists():
-                    _unmount(path)
-
-
 def detach(sandbox_dir: Path) -> None:
     """Unmount and delete the sandbox's disk, if it has one. Lazy: a process of another
     sandbox still starting (whose mount namespace was copied from the host's a moment ago)
     may hold a reference; the kernel lets go when it does."""
-    _unmount(sandbox_dir / MOUNT)
+    unmount(sandbox_dir / MOUNT)
     with contextlib.suppress(FileNotFoundError):
         (sandbox_dir / IMAGE).unlink()
 

@@ -1,0 +1,159 @@
+"""The guest half of the runtime interface: envd's part of a sandbox (processes, files,
+watchers, ports), reached through one :class:`Guest` per sandbox.
+
+``Runtime.guest(sandbox_id)`` resolves the sandbox once — its record, its init's identity,
+its id range, its default user, its env vars, its agent — and raises ``SandboxNotFound``
+(no such sandbox) or ``RuntimeConflict`` (not running: a paused guest runs nothing and its
+files are not to change) once; the data plane resolves one per request. Paths are guest
+paths: absolute, or relative to the user's home; they are resolved inside the guest's own
+root (its symlinks cannot lead out of it) and used with the user's permissions; what is
+created is owned by the user.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
+
+from e2bfacade.runtime.base import (
+    DirWatch,
+    EntryInfo,
+    GuestProcess,
+    ProcessInfo,
+    ProcessResult,
+    ProcessSpec,
+    PtySize,
+    SandboxInfo,
+    SandboxRuntimeError,
+    Stream,
+    WatcherChanges,
+)
+
+
+class Guest(Protocol):
+    sandbox_id: str
+    # The sandbox as it was resolved (its tokens and default user, for the data plane).
+    info: SandboxInfo
+
+    def start_process(self, spec: ProcessSpec) -> GuestProcess:
+        """Start ``spec``. The process belongs to the sandbox, not to the caller: it runs on
+        when the returned handle is closed or the calling process exits, until it ends or
+        its lifetime does, and the by-pid calls below reach it from any process."""
+        ...
+
+    def list_processes(self) -> list[ProcessInfo]: ...
+    def connect_process(self, pid: int) -> GuestProcess:
+        """Follow a running process's output from now on (every follower gets all of it);
+        for one that ended moments ago, a handle whose output is empty and whose wait()
+        answers at once. Raises ProcessNotFound."""
+        ...
+
+    def process_stdin(self, pid: int, data: bytes) -> None: ...
+    def process_close_stdin(self, pid: int) -> None: ...
+    def process_signal(self, pid: int, signum: int) -> None:
+        """Signal the process's group. Raises ProcessNotFound."""
+        ...
+
+    def process_resize(self, pid: int, size: PtySize) -> None: ...
+    def watch_dir(self, path: str, *, recursive: bool = False, user: str | None = None) -> DirWatch:
+        """Follow the changes of a directory (and, ``recursive``, of every one under it)."""
+        ...
+
+    def create_watcher(
+        self,
+        path: str,
+        *,
+        recursive: bool = False,
+        user: str | None = None,
+        include_entry: bool = False,
+    ) -> str:
+        """A watcher kept by the sandbox, whose changes :meth:`watcher_events` drains: it
+        outlives the caller, as a process does. Its id is returned. ``include_entry`` is
+        kept with it for the caller (who looks the entries up)."""
+        ...
+
+    def watcher_events(self, watcher_id: str) -> WatcherChanges:
+        """Raises GuestFileError(ENOENT) for an unknown watcher, EOVERFLOW when changes
+        were lost since the last call."""
+        ...
+
+    def remove_watcher(self, watcher_id: str) -> None: ...
+    def connect_port(self, port: int, *, timeout: float = 5.0) -> socket.socket:
+        """A TCP connection to ``port`` on the sandbox's own loopback (what listens inside
+        it, reached from the host without any network between them). Raises
+        GuestFileError(ECONNREFUSED) when nothing listens there."""
+        ...
+
+    def stat(self, path: str, *, user: str | None = None) -> EntryInfo: ...
+    def list_dir(
+        self, path: str, *, user: str | None = None, depth: int = 1
+    ) -> list[EntryInfo]: ...
+    def make_dir(self, path: str, *, user: str | None = None) -> bool:
+        """Create the directory and its missing parents; False when it already existed."""
+        ...
+
+    def move(self, source: str, destination: str, *, user: str | None = None) -> EntryInfo: ...
+    def remove(self, path: str, *, user: str | None = None) -> None:
+        """Remove a file or a directory tree; a missing path is not an error."""
+        ...
+
+    def read_file(
+        self, path: str, *, user: str | None = None, chunk_size: int = 65536
+    ) -> Iterator[bytes]: ...
+    def write_file(
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        user: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> EntryInfo:
+        """Replace the file's content with ``chunks``, creating missing parents. With
+        ``metadata`` (None: leave it), the file's metadata becomes exactly that map."""
+        ...
+
+
+def run_process(
+    guest: Guest, spec: ProcessSpec, *, stdin: bytes = b"", max_output: int = 16 << 20
+) -> ProcessResult:
+    """Start ``spec``, feed it ``stdin``, collect its output and wait for it — the buffered
+    convenience over :meth:`Guest.start_process` (tests, benches, operator commands). At
+    most ``max_output`` bytes of each stream are kept; the rest is read and dropped, so a
+    guest that writes without end cannot grow the host. Returns when the process has ended
+    (its lifetime, ``spec.timeout``, bounds that) and its written output is read."""
+    if stdin and not spec.stdin:
+        spec = dataclasses.replace(spec, stdin=True)
+    proc = guest.start_process(spec)
+    feeder = None
+    try:
+        if spec.stdin:
+            # On a thread: a process that writes before it reads must not deadlock us.
+            def feed() -> None:
+                try:
+                    if stdin:
+                        proc.write_stdin(stdin)
+                    proc.close_stdin()
+                except (OSError, SandboxRuntimeError):
+                    pass  # it closed its stdin or ended: what it read is what it gets
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+        kept: dict[Stream, bytearray] = {s: bytearray() for s in Stream}
+        truncated = False
+        for stream, data in proc.output():
+            room = max_output - len(kept[stream])
+            if len(data) > room:
+                truncated = True
+            kept[stream] += data[: max(room, 0)]
+        status = proc.wait()
+        if feeder is not None:
+            feeder.join(timeout=5)
+    finally:
+        proc.close()
+    stdout = bytes(kept[Stream.PTY] if spec.pty else kept[Stream.STDOUT])
+    return ProcessResult(
+        status.exit_code, stdout, bytes(kept[Stream.STDERR]), status.signal, truncated
+    )

@@ -1,0 +1,71 @@
+"""What a local runtime holds: each sandbox's state read from its record and its init (is it
+alive, frozen, parked), and the census of them all the reconcile asks for every tick."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from e2bfacade.runtime.base import CRASH_REASON, Census, PauseMode, SandboxState
+from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
+from e2bfacade.runtime.local.state import proc_starttime
+from e2bfacade.runtime.local.storage import disks
+
+if TYPE_CHECKING:
+    from e2bfacade.runtime.local.driver import LocalRuntime
+
+
+def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) -> LocalSandboxInfo:
+    """What the sandbox of ``record`` is now: running, paused (frozen, or parked: kept with
+    its files only, for a reason or none), or dead."""
+    mode, reason = None, None
+    if record.parked is not None:
+        state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, record.parked.reason
+    elif proc_starttime(record.init_pid) != record.init_start:
+        # Its processes ended without a pause: its files are kept (a pool sandbox's
+        # are no one's), and it is paused until a resume cold-boots it.
+        if not record.is_warm and disks.exists(rt.layout.sandbox_dir(record.sandbox_id)):
+            state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, CRASH_REASON
+        else:
+            state = SandboxState.DEAD
+    elif rt.cgroups.is_frozen(record.sandbox_id):
+        state, mode = SandboxState.PAUSED, PauseMode.FULL
+    else:
+        state = SandboxState.RUNNING
+    return LocalSandboxInfo(
+        sandbox_id=record.sandbox_id,
+        image_id=record.image_id,
+        state=state,
+        cpu_count=record.cpu_count,
+        memory_mb=record.memory_mb,
+        pids_max=record.pids_max,
+        created_at=record.created_at,
+        adopted=adopted,
+        envd_access_token=record.envd_access_token,
+        traffic_access_token=record.traffic_access_token,
+        default_user=record.default_user,
+        env_vars=dict(record.env_vars),
+        pause_mode=mode,
+        pause_reason=reason,
+        init_pid=record.init_pid,
+    )
+
+
+def census(rt: LocalRuntime) -> Census:
+    """The created sandboxes (no pool sandbox) that are not dead: those whose init
+    lives (paused or not), and those ``kept`` with their files only (parked, or their
+    init died and their disk is there) — what :meth:`list` holds that is not dead, for
+    the worker's reconcile, every tick. One directory walk, a stat per sandbox (its
+    record is parsed again only when it changed), one poll of the inits' pidfds
+    (:class:`InitWatch`, kept by this runtime object) and a stat per dead one."""
+    inits, kept = {}, set()
+    for sid in rt.layout.sandbox_ids():
+        record = rt.layout.read_state_cached(sid)
+        if record is None or record.is_warm:
+            continue
+        if record.parked is not None:
+            kept.add(sid)
+        else:
+            inits[sid] = (record.init_pid, record.init_start)
+    alive = rt._init_watch.alive(inits)
+    kept |= {s for s in inits.keys() - alive if disks.exists(rt.layout.sandbox_dir(s))}
+    return Census(live=frozenset(alive | kept), kept=frozenset(kept))

@@ -1,0 +1,192 @@
+"""Launching a sandbox, the Python side (the launcher's wire is client.py): a new sandbox's
+directory, disk and record (:func:`prepare`); then its rules, groups and init, and its
+record with the init's identity, the commit point (:func:`launch`) — for a create and a
+cold boot (:func:`boot`) alike; and the end of its processes that keeps its files
+(:func:`park`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from e2bfacade.runtime.base import (
+    CRASH_REASON,
+    CreateRefused,
+    ImageNotFound,
+    RuntimeBusy,
+    RuntimeConflict,
+    RuntimeUnavailable,
+    SandboxRuntimeError,
+    SandboxSpec,
+)
+from e2bfacade.runtime.local import build, lxcfs
+from e2bfacade.runtime.local.guest import seed
+from e2bfacade.runtime.local.guest.start import run_start_command
+from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
+from e2bfacade.runtime.local.pools.warm import is_warm
+from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
+from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
+from e2bfacade.runtime.local.storage import disks
+from e2bfacade.runtime.local.storage.images import env_of, start_of
+
+if TYPE_CHECKING:
+    from e2bfacade.runtime.local.driver import LocalRuntime
+
+
+def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) -> LocalSandboxInfo:
+    """Make a new sandbox's directory and disk, and its record, then launch it."""
+    d = rt.layout.sandbox_dir(spec.sandbox_id)
+    id_base = rt.layout.id_base_take(spec.sandbox_id)
+    # What the guest's root builds its file system in, owned by the guest's root (host
+    # id_base): the init works in it before it mounts anything (its staging mount
+    # points live in a tmpfs it makes on stage/).
+    d.mkdir(mode=0o700, exist_ok=True)
+    for sub in ("rootfs", "stage"):
+        (d / sub).mkdir(exist_ok=True)
+        os.chown(d / sub, id_base, id_base)
+    os.chown(d, id_base, id_base)
+    # The writable layer, disk/upper, on a file system of its own (disks.py).
+    if not rt.disk_pool.claim(d, spec.disk_mb, owner=id_base):
+        disks.attach(d, spec.disk_mb, owner=id_base)
+    if rt.network is not None:
+        seed.resolv_conf(d, id_base, rt.network.config.dns_servers)
+        if rt.network.config.extra_ca is not None:
+            layer = lambda image_id: rt.layout.image_dir(image_id) / "rootfs"  # noqa: E731
+            seed.trust(d, id_base, chain, layer, rt.network.config.extra_ca)
+    record = SandboxRecord(
+        sandbox_id=spec.sandbox_id,
+        image_id=spec.image_id,
+        id_base=id_base,
+        cpu_count=spec.cpu_count,
+        memory_mb=spec.memory_mb,
+        pids_max=spec.pids_max,
+        disk_mb=spec.disk_mb,
+        created_at=rt.now(),
+        hostname=spec.hostname,
+        env_vars=dict(spec.env_vars),
+        image_env=env_of(chain),
+        default_user=spec.default_user,
+        envd_access_token=spec.envd_access_token,
+        traffic_access_token=spec.traffic_access_token,
+        network=spec.network if rt.network is not None else None,
+        warm=rt.warm.key(spec) if is_warm(spec.sandbox_id) else None,
+        warm_version=rt.version if is_warm(spec.sandbox_id) else None,
+    )
+    return launch(rt, record, chain)
+
+
+def launch(
+    rt: LocalRuntime, record: SandboxRecord, chain: list[dict[str, Any]]
+) -> LocalSandboxInfo:
+    """Start the sandbox's init on its prepared directory and disk, and write its record
+    (with the init's identity): the commit point. A create and a cold boot alike."""
+    sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
+    link = None
+    if rt.network is not None and record.network is not None:
+        # Rules first, then the link: the guest never has a moment of unfiltered egress.
+        slot = (record.id_base - rt.layout.id_block_base) // ID_RANGE
+        rt.network.apply(slot, sid, record.network)
+        link = rt.network.link(slot)
+    # A launcher already in groups that become the sandbox's (pools/spares.py), or one
+    # that joins them itself (and waits for the kernel, on a quiet host).
+    launcher = rt.spares.claim(d)
+    spare = Spares.group_of(launcher) if launcher is not None else None
+    if spare is not None and not rt.cgroups.adopt(spare, sid):
+        launcher = None
+    rt.cgroups.create(
+        sid, cpu_count=record.cpu_count, memory_mb=record.memory_mb, pids_max=record.pids_max
+    )
+    binds = [b for meta in chain for b in meta.get("host_binds", ())]
+    request = [
+        f"rootfs={d / 'rootfs'}",
+        "lower=" + ":".join(str(rt.layout.image_dir(m["id"]) / "rootfs") for m in chain),
+        f"hostname={record.hostname or sid}",
+        f"seccomp={build.ensure_seccomp(rt.root)}",
+        f"dir={d}",
+        f"idbase={record.id_base}",
+        *(f"bind={b}:{b}" for b in binds),
+        *(link.request() if link is not None else ()),
+    ]
+    proc_view = lxcfs.ensure(rt.root)  # a live one at each launch: it may have died
+    if proc_view is not None:
+        request.append(f"lxcfs={proc_view}")
+    pid = None
+    if launcher is not None:
+        pid = rt.launcher.launch_spare(sid, launcher, request)
+    if pid is None:
+        # v2: born in its group (CLONE_INTO_CGROUP); v1: the launcher joins and leaves.
+        into = rt.cgroups.clone_into(sid)
+        joins = (
+            [f"cgroupdir={into}"]
+            if into is not None
+            else [
+                *(f"cgroup={p}" for p in rt.cgroups.procs_files(sid)),
+                *(f"leave={p}" for p in rt.cgroups.root_procs_files()),
+            ]
+        )
+        pid = rt.launcher.launch(request + joins)
+    start = proc_starttime(pid)
+    if start is None:
+        raise CreateRefused(f"sandbox {sid} exited right after it started")
+    launched = record.replace(init_pid=pid, init_start=start, booted_at=rt.now(), parked=None)
+    launched.save(d)  # the commit point: from here it runs
+    return rt.info(launched)
+
+
+def boot(rt: LocalRuntime, record: SandboxRecord) -> LocalSandboxInfo:
+    """Cold-boot a sandbox that kept only its files: a new init on its disk, its id
+    range, host name, env vars, access tokens and network rules, then the template's
+    start command. Caller holds the id's lock. On failure it is left as it was, parked
+    with its files, and RuntimeBusy (or RuntimeConflict) says why."""
+    sid = record.sandbox_id
+    d = rt.layout.sandbox_dir(sid)
+    if rt.layout.id_base_of(sid) != record.id_base:
+        raise RuntimeConflict(f"sandbox {sid} lost its id range: it cannot boot")
+    reason = record.parked.reason if record.parked is not None else CRASH_REASON
+    parked = park(rt, record, reason)  # whatever a crash left of its processes goes
+    try:
+        chain = rt.images.chain(record.image_id)
+        disks.ensure_mounted(d)
+        (d / "agent.sock").unlink(missing_ok=True)
+        info = launch(rt, parked, chain)
+        if (start := start_of(chain)) is not None:
+            run_start_command(rt.guest(sid), start)
+        return info
+    except BaseException as exc:
+        park(rt, parked, reason)
+        if isinstance(exc, ImageNotFound):
+            raise RuntimeConflict(f"sandbox {sid} cannot boot: {exc.message}") from exc
+        if isinstance(exc, (SandboxRuntimeError, OSError)):
+            why = exc.message if isinstance(exc, SandboxRuntimeError) else str(exc)
+            raise RuntimeBusy(f"sandbox {sid} did not boot: {why}") from exc
+        raise
+
+
+def park(rt: LocalRuntime, record: SandboxRecord, reason: str | None) -> SandboxRecord:
+    """End every process of the sandbox and keep its files: paused, filesystem only
+    (``reason``: why, when nobody asked). Its disk, id range and network slot stay; its
+    groups, its rules and its processes' memory go. Caller holds the id's lock.
+
+    Processes first, the record last: a crash in between leaves a sandbox whose init
+    is dead and whose disk is there, which reads as parked just the same."""
+    sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
+    end_processes(rt, sid)
+    for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
+        rt.spares.discard_group(Spares.group_of(claim))
+    slot = rt.layout.slot_of(sid)
+    if rt.network is not None and slot is not None:
+        rt.network.release(slot)
+    disks.sync(d)  # what it wrote survives a power cut from here on
+    parked = record.replace(init_pid=0, init_start=0, parked=Parked(reason, time.time()))
+    parked.save(d)
+    return parked
+
+
+def end_processes(rt: LocalRuntime, name: str) -> None:
+    """Kill every process in the groups ``name`` and remove them."""
+    if rt.cgroups.exists(name):
+        rt.cgroups.kill_all(name)
+        if not rt.cgroups.wait_empty(name):
+            raise RuntimeUnavailable(f"sandbox {name}: processes survived SIGKILL")
+        rt.cgroups.remove(name)
