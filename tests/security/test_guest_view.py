@@ -96,7 +96,7 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
     runtime.create(SandboxSpec(sandbox_id, "base"))
 
     def read(path: str, user: str = "user") -> bytes:
-        return b"".join(runtime.read_file(sandbox_id, path, user=user))
+        return b"".join(runtime.guest(sandbox_id).read_file(path, user=user))
 
     # The guest's own values (as E2B's SDK test reads boot_id), not the host's.
     assert read(BOOT_ID).decode() == ok(runtime, sandbox_id, f"cat {BOOT_ID}")
@@ -120,7 +120,7 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
         assert caught.value.errno == code, (path, caught.value)
     # Only reads: everything else on the guest's kernel files is still refused by the host.
     with pytest.raises(GuestFileError) as refused:
-        runtime.write_file(sandbox_id, "/proc/sys/kernel/hostname", [b"x"], user="root")
+        runtime.guest(sandbox_id).write_file("/proc/sys/kernel/hostname", [b"x"], user="root")
     assert refused.value.errno == errno.EPERM
 
 
@@ -141,6 +141,6 @@ def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
     )
     # Through the file API too (read in the guest).
     assert (
-        b"".join(runtime.read_file(sandbox_id, "/proc/meminfo")).decode().split("\n")[0]
+        b"".join(runtime.guest(sandbox_id).read_file("/proc/meminfo")).decode().split("\n")[0]
         == (meminfo.splitlines()[0])
     )

@@ -173,7 +173,7 @@ def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_n
     # once too, and `timeout` with it (or, if that shell waits for a pid, much later): its
     # orphans fork on, up to the sandbox's pid limit, refilling every pid that frees.
     bomb = "timeout 600 bash -c ':(){ :|:& };:' 2>/dev/null & echo started"
-    started = run_process(runtime, sandbox_id, ProcessSpec(("sh", "-c", bomb), timeout=3))
+    started = run_process(runtime.guest(sandbox_id), ProcessSpec(("sh", "-c", bomb), timeout=3))
     assert started.stdout == b"started\n"
     assert wait_until(lambda: len(cgroup_pids(runtime, sandbox_id)) > 200, timeout=20)
     time.sleep(3)  # the command's lifetime is over
@@ -196,7 +196,7 @@ def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
     # (only a command still running when its lifetime ends takes its tree with it).
     daemons = "setsid sleep 300 >/dev/null 2>&1 & sleep 301 >/dev/null 2>&1 & echo started"
     started = ProcessSpec(("sh", "-c", daemons), timeout=2)
-    assert run_process(runtime, sandbox_id, started).stdout == b"started\n"
+    assert run_process(runtime.guest(sandbox_id), started).stdout == b"started\n"
     time.sleep(3)
     assert ok(runtime, sandbox_id, "ps -e -o args=").count("sleep 30") == 2
 
@@ -209,7 +209,7 @@ def test_orphans_that_end_while_their_command_runs_are_reaped_at_once(
     # shepherd: unreaped, they would hold the sandbox's pids until the command ended (at the
     # limit, the sandbox would refuse commands with nothing running).
     script = "for i in $(seq 200); do (true &); done 2>/dev/null; echo spawned; sleep 60"
-    proc = runtime.start_process(sandbox_id, ProcessSpec(("bash", "-c", script), timeout=90))
+    proc = runtime.guest(sandbox_id).start_process(ProcessSpec(("bash", "-c", script), timeout=90))
     try:
         first = next(iter(proc.output()))
         assert first[1] == b"spawned\n"
