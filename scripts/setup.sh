@@ -19,7 +19,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # nftables (libnftables1) and iproute2: sandbox networking; curl: the network tests' client
 # inside sandboxes (the base template's /usr is the host's).
 packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs nftables
-    libnftables1 iproute2 curl)
+    libnftables1 iproute2 curl lxcfs)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -5,7 +5,9 @@ stay, and ``connect`` cold-boots the same sandbox with the same access token."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from e2b import Sandbox, SandboxState
@@ -54,3 +56,26 @@ def test_a_timeout_pause_without_memory_keeps_only_the_files(
     assert eventually(lambda: sandbox.get_info().state == SandboxState.PAUSED)
     Sandbox.connect(sandbox.sandbox_id, timeout=60)
     assert sandbox.files.read("/home/user/kept.txt") == "yes"
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_the_boot_id_read_through_files_is_the_sandboxs_and_new_after_a_cold_boot(
+    make_sandbox: Callable[..., Sandbox],
+) -> None:
+    # As E2B's own SDK tests tell a cold boot from a resume in place.
+    sandbox = make_sandbox()
+    boot_before = sandbox.files.read(BOOT_ID).strip()
+    assert boot_before == sandbox.commands.run(f"cat {BOOT_ID}").stdout.strip()
+    assert boot_before != Path(BOOT_ID).read_text().strip()  # not the host's
+
+    assert sandbox.pause() is True  # memory kept: the same boot
+    resumed = sandbox.connect()
+    assert resumed.files.read(BOOT_ID).strip() == boot_before
+
+    assert resumed.pause(keep_memory=False) is True
+    rebooted = resumed.connect()
+    assert rebooted.sandbox_id == sandbox.sandbox_id
+    boot_after = rebooted.files.read(BOOT_ID).strip()
+    assert boot_after != boot_before and uuid.UUID(boot_after)

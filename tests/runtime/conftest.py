@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from e2bfacade.runtime.base import RuntimeUnavailable
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import LocalRuntime, lxcfs
 from tests.runtime.helpers import any_daemon_pids, compile_static, sigkill_and_reap
 
 PROBE_SOURCE = r"""
@@ -56,6 +56,7 @@ def destroy_runtime(rt: LocalRuntime) -> None:
             pass
     for pid in any_daemon_pids(rt.root):
         sigkill_and_reap(pid)
+    lxcfs.stop(rt.root)
     if rt.cgroups.version == 1:
         parents = list(rt.cgroups.roots.values())  # type: ignore[attr-defined]
     else:

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from e2bfacade.runtime.base import (
+    GuestFileError,
     LimitExceeded,
     ProcessSpec,
     SandboxNotFound,
@@ -20,7 +21,7 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import buried, ok, run
+from tests.runtime.helpers import buried, cgroup_file, cgroup_pids, ok, run, wait_until
 
 # Deeper than the host's descriptor limit and far beyond Python's recursion limit: a walk
 # that recursed, or held a descriptor per level, fails on it.
@@ -150,3 +151,69 @@ def test_operations_on_a_killed_sandbox_say_it_is_gone(
     ):
         with pytest.raises(SandboxNotFound):
             op()
+
+
+def _answers(runtime: LocalRuntime, sandbox_id: str) -> bool:
+    try:
+        return run(runtime, sandbox_id, ["true"], timeout=10).exit_code == 0
+    except GuestFileError:  # EAGAIN: the sandbox has no pid left for the command
+        return False
+
+
+def _pids_charged(runtime: LocalRuntime, sandbox_id: str) -> int:
+    """The pids the sandbox's cgroup counts: zombies too (cgroup.procs lists none)."""
+    return int(cgroup_file(runtime, sandbox_id, "pids", "pids.current").read_text())
+
+
+def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_needs_pids(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", pids_max=256))
+    # The command ends at once, leaving the bomb behind; the bomb's first shell returns at
+    # once too, and `timeout` with it (or, if that shell waits for a pid, much later): its
+    # orphans fork on, up to the sandbox's pid limit, refilling every pid that frees.
+    bomb = "timeout 600 bash -c ':(){ :|:& };:' 2>/dev/null & echo started"
+    started = run_process(runtime.guest(sandbox_id), ProcessSpec(("sh", "-c", bomb), timeout=3))
+    assert started.stdout == b"started\n"
+    assert wait_until(lambda: len(cgroup_pids(runtime, sandbox_id)) > 200, timeout=20)
+    time.sleep(3)  # the command's lifetime is over
+
+    # The next command finds no pid, and that ends what outlived its lifetime: the sandbox
+    # answers again (it used to refuse every command until it was killed).
+    def recovered() -> bool:
+        answered = _answers(runtime, sandbox_id)  # a command may slip into a freed pid
+        return answered and len(cgroup_pids(runtime, sandbox_id)) < 8
+
+    assert wait_until(recovered, timeout=60, step=0.5)
+    assert ok(runtime, sandbox_id, "echo recovered") == "recovered\n"
+
+
+def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    # `nohup server &` from a command with the SDK's default lifetime: the server lives on
+    # (only a command still running when its lifetime ends takes its tree with it).
+    daemons = "setsid sleep 300 >/dev/null 2>&1 & sleep 301 >/dev/null 2>&1 & echo started"
+    started = ProcessSpec(("sh", "-c", daemons), timeout=2)
+    assert run_process(runtime.guest(sandbox_id), started).stdout == b"started\n"
+    time.sleep(3)
+    assert ok(runtime, sandbox_id, "ps -e -o args=").count("sleep 30") == 2
+
+
+def test_orphans_that_end_while_their_command_runs_are_reaped_at_once(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", pids_max=256))
+    # Each `(true &)` leaves an orphan that ends at once, re-parented to the command's
+    # shepherd: unreaped, they would hold the sandbox's pids until the command ended (at the
+    # limit, the sandbox would refuse commands with nothing running).
+    script = "for i in $(seq 200); do (true &); done 2>/dev/null; echo spawned; sleep 60"
+    proc = runtime.guest(sandbox_id).start_process(ProcessSpec(("bash", "-c", script), timeout=90))
+    try:
+        first = next(iter(proc.output()))
+        assert first[1] == b"spawned\n"
+        assert wait_until(lambda: _pids_charged(runtime, sandbox_id) < 16, timeout=10, step=0.2)
+        assert _answers(runtime, sandbox_id)
+    finally:
+        proc.send_signal(9)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from e2bfacade.runtime.base import ProcessSpec, SandboxSpec
+from e2bfacade.runtime.base import ProcessSpec, SandboxSpec, UnknownUser
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import ok, run, sh
 
@@ -121,3 +121,38 @@ def test_the_state_directory_is_root_only(runtime: LocalRuntime) -> None:
     ):
         st = os.stat(path)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700), path
+
+
+def _host_uids_in(tree: os.PathLike[str] | str) -> set[int]:
+    return {os.lstat(os.path.join(d, n)).st_uid for d, _, ns in os.walk(tree) for n in ns}
+
+
+@pytest.mark.parametrize("kind", ["wraps to host root", "past the range", "gid past the range"])
+def test_a_passwd_account_outside_the_id_range_is_refused_not_taken_by_a_host_thread(
+    runtime: LocalRuntime, sandbox_id: str, kind: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    base = id_base(runtime, sandbox_id)
+    # The guest reads its own base in /proc/self/uid_map and writes the account it likes.
+    assert ok(runtime, sandbox_id, "cat /proc/self/uid_map").split() == ["0", str(base), "65536"]
+    uid, gid = {
+        "wraps to host root": ((1 << 32) - base, 0),
+        "past the range": (65536, 0),
+        "gid past the range": (1000, 70000),
+    }[kind]
+    ok(runtime, sandbox_id, f"echo 'evil:x:{uid}:{gid}::/tmp:/bin/sh' >> /etc/passwd")
+    upper = runtime.root / "sandboxes" / sandbox_id / "disk" / "upper"
+    for attempt in (
+        lambda: runtime.write_file(sandbox_id, "/tmp/evil-wrote", [b"x"], user="evil"),
+        lambda: runtime.make_dir(sandbox_id, "/tmp/evil-dir", user="evil"),
+        lambda: runtime.stat(sandbox_id, "/root", user="evil"),
+        lambda: runtime.start_process(sandbox_id, ProcessSpec(("true",), user="evil")),
+    ):
+        with pytest.raises(UnknownUser, match="outside the sandbox"):
+            attempt()
+    assert not (upper / "tmp/evil-wrote").exists() and not (upper / "tmp/evil-dir").exists()
+    # Every file of the sandbox's is still one of its own ids.
+    assert {u for u in _host_uids_in(upper) if not base <= u < base + 65536} == set()
+    # An account in range still works.
+    runtime.write_file(sandbox_id, "/tmp/by-user", [b"x"], user="user")
+    assert os.stat(upper / "tmp/by-user").st_uid == base + 1000

@@ -15,7 +15,9 @@
  *
  *   'S' start    NUL-terminated items: uid=N gid=N cwd=DIR [pty=COLS,ROWS] [stdin=1]
  *                [lifetime=MS] [tag=T] arg=A... env=K=V...      (the items are the config
- *                List returns). Answer 'P' [u32 pid], then the output (below).
+ *                List returns). Answer 'P' [u32 pid], then the output (below). With
+ *                builtin=read, the command is no program but the agent's read of the file
+ *                arg= as the user (builtin_read): its bytes as stdout, its errno as exit code.
  *   'C' connect  [u32 pid]. Answer 'P' [u32 pid], then the output; for a process that
  *                ended in the last 30 s, 'P' then 'X' at once.
  *   'L' list     Answer 'L' [u32 pid][config] per running process, then 'A'.
@@ -79,8 +81,10 @@
 #define MAX_CONNS 1024
 #define MAX_ITEMS 4096
 #define TREE_KILL (SIGRTMIN + 1)
+#define RECLAIM (SIGRTMIN + 2) /* the sandbox is out of pids: see linger() */
+#define READ_MAX (1 << 20) /* the builtin read's bound */
 
-enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_OUT, K_ERR, K_IN, K_WATCH };
+enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_OUT, K_ERR, K_IN, K_WATCH, K_STATUS };
 
 struct chunk {
     struct chunk *next;
@@ -106,8 +110,9 @@ struct conn {
 
 struct proc {
     int used;
-    pid_t pid, shepherd;
+    pid_t pid, shepherd; /* shepherd 0: reaped (it may outlive the command: linger()) */
     int out, err, in; /* our ends, -1 once closed; with a terminal out is the master */
+    int status_fd;    /* where the shepherd tells the command's end, -1 once told */
     int pty, eof_pending, paused, exited, ended, status;
     long long deadline, ended_at;
     struct queue stdin_q;
@@ -382,16 +387,39 @@ static void proc_ended(int p, int status) {
     if (!procs[p].paused) finish(p);
 }
 
+/* The shepherd's report of the command's end: its wait status (4 bytes), or nothing when
+ * the shepherd died first (then its own exit stands for the command's: on_shepherd_exit). */
+static void read_status(int p) {
+    struct proc *pr = &procs[p];
+    if (pr->status_fd < 0) return;
+    char b[4];
+    ssize_t n = read(pr->status_fd, b, sizeof b);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    close_fd(&pr->status_fd);
+    if (n == 4 && !pr->exited) proc_ended(p, (int)get_u32(b));
+}
+
+static void on_shepherd_exit(pid_t pid, int status) {
+    for (int p = 0; p < MAX_PROCS; p++) {
+        struct proc *pr = &procs[p];
+        if (!pr->used || pr->shepherd != pid) continue;
+        read_status(p); /* a report still in the pipe comes first */
+        pr->shepherd = 0;
+        if (!pr->exited) proc_ended(p, status);
+    }
+}
+
 static void proc_free(int p) {
     struct proc *pr = &procs[p];
     close_fd(&pr->err);
     if (pr->pty) pr->in = -1;
     close_fd(&pr->out);
     close_fd(&pr->in);
+    close_fd(&pr->status_fd);
     queue_free(&pr->stdin_q);
     free(pr->config);
     memset(pr, 0, sizeof *pr);
-    pr->out = pr->err = pr->in = -1;
+    pr->out = pr->err = pr->in = pr->status_fd = -1;
 }
 
 static void stdin_flush(int p) {
@@ -440,12 +468,13 @@ static void kill_tree(void) {
         if (n > 0) {
             buf[n] = 0;
             for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n")) {
-                pid_t pid = (pid_t)strtol(tok, NULL, 10);
-                if (pid > 0) {
-                    kill(-pid, SIGKILL);
-                    kill(pid, SIGKILL);
-                    any = 1;
-                }
+                pid_t pid = (pid_t)strtol(tok, NULL, 10), group = getpgid(pid);
+                if (pid <= 0) continue;
+                /* Its whole group at once (not ours: the agent's): a fork bomb's processes
+                 * share one, and killing them one by one, each freed pid is forked into. */
+                if (group > 0 && group != getpgrp()) kill(-group, SIGKILL);
+                kill(pid, SIGKILL);
+                any = 1;
             }
         }
         while (waitpid(-1, NULL, WNOHANG) > 0) {
@@ -455,11 +484,119 @@ static void kill_tree(void) {
     }
 }
 
+/* Wait for the command, reaping on the way whatever else ends under us (an orphan of the
+ * command is re-parented to us: a zombie left unreaped would hold a pid of the sandbox's
+ * until the command ended). Returns the command's wait status. */
+static int reap_until(pid_t command) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid == command) return status;
+        if (pid < 0 && errno != EINTR) _exit(125);
+    }
+}
+
+/* What the command left behind (background children, daemons, a fork bomb) lives on, as on
+ * E2B, with us as its subreaper: reaped as it ends, so no zombie holds a pid of the sandbox's.
+ * We exit when none is left. Once the command's lifetime (EXPIRES, 0 for none) is over, the
+ * agent's RECLAIM takes it all: the agent sends it when the sandbox has no pid left for a new
+ * command, so what outlived its lifetime pays for a fork bomb, never a command still in it. */
+static void linger(long long expires) {
+    sigset_t wake;
+    sigemptyset(&wake);
+    sigaddset(&wake, SIGCHLD);
+    sigaddset(&wake, TREE_KILL);
+    sigaddset(&wake, RECLAIM);
+    sigprocmask(SIG_BLOCK, &wake, NULL); /* from here on they wait for sigwaitinfo */
+    for (;;) {
+        if (shepherd_kill) {
+            kill_tree();
+            return;
+        }
+        pid_t pid;
+        while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
+        }
+        if (pid < 0 && errno == ECHILD) return; /* nothing left */
+        int sig = sigwaitinfo(&wake, NULL);
+        if (sig == TREE_KILL || (sig == RECLAIM && expires && now_ms() >= expires))
+            shepherd_kill = 1;
+    }
+}
+
+/* The builtin "read" command: the file PATH as the guest's user sees it, for the host's
+ * file API where the host must not open it itself (the guest's /proc and /sys are the host
+ * kernel's: through a host thread, /proc/self would be the host's). At most READ_MAX bytes
+ * to stdout, without blocking on a file that has nothing to give (/proc/kmsg). Returns the
+ * exit code: 0, or the errno. */
+static int builtin_read(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    static char buf[CHUNK];
+    size_t total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno;
+        if (n == 0) return 0;
+        total += (size_t)n;
+        if (total > READ_MAX) return EFBIG;
+        for (ssize_t done = 0, w; done < n; done += w)
+            if ((w = write(1, buf + done, (size_t)(n - done))) < 0) return errno;
+    }
+}
+
+/* What a start request asks for (start() parses it). */
+struct launch {
+    int use_pty, want_stdin, builtin;
+    unsigned cols, rows;
+    long uid, gid, lifetime; /* lifetime in ms, 0 for none */
+    const char *cwd;
+    char **argv, **envp;
+};
+
+/* Tell the agent the command's pid, or -errno when it could not be started (4 bytes). */
+static void report_start(int status_fd, int32_t value) {
+    char msg[4];
+    put_u32(msg, (uint32_t)value);
+    if (write(status_fd, msg, 4) != 4) _exit(125);
+}
+
+/* The command itself, in the shepherd's child: its session or group, the guest user, its
+ * cwd, then the program (or the builtin read). */
+static void __attribute__((noreturn)) run_command(const struct launch *l) {
+    if (l->use_pty) {
+        if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
+            fprintf(stderr, "e2b-exec: controlling terminal: %s\n", strerror(errno));
+            _exit(125);
+        }
+    } else {
+        setpgid(0, 0);
+    }
+    gid_t gid = (gid_t)l->gid;
+    if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid((uid_t)l->uid) != 0) {
+        fprintf(stderr, "e2b-exec: switch to %ld:%ld: %s\n", l->uid, l->gid, strerror(errno));
+        _exit(125);
+    }
+    /* After setuid (which clears it): if the shepherd is killed, the command dies too. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (chdir(l->cwd) != 0) {
+        fprintf(stderr, "e2b-exec: cwd %s: %s\n", l->cwd, strerror(errno));
+        _exit(125);
+    }
+    if (l->builtin) _exit(builtin_read(l->argv[0]));
+    execvpe(l->argv[0], l->argv, l->envp);
+    fprintf(stderr, "e2b-exec: %s: %s\n", l->argv[0], strerror(errno));
+    _exit(127);
+}
+
 /* The command's parent inside the guest: the subreaper of everything it starts, so that
  * whatever it leaves behind (even after a setsid) stays under us and the end of its lifetime
- * (TREE_KILL) takes the whole tree. Exits as the command did. Its stdio is the command's. */
-static void __attribute__((noreturn)) shepherd(int pidpipe, int use_pty, uid_t uid, gid_t gid,
-                                               const char *cwd, char **argv, char **envp) {
+ * (TREE_KILL) takes the whole tree while it runs. On STATUS_FD it writes the command's pid
+ * once started (report_start) and its wait status (4 bytes) once it ended; then it stays the
+ * subreaper of what the command left (linger), and exits as the command did. Its stdio is
+ * the command's. */
+static void __attribute__((noreturn)) shepherd(int status_fd, const struct launch *l) {
+    long long expires = l->lifetime > 0 ? now_ms() + l->lifetime : 0;
     prctl(PR_SET_NAME, "e2b-exec");
     set_title("e2b-exec");
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* the agent gone: so is the command's tree */
@@ -472,49 +609,34 @@ static void __attribute__((noreturn)) shepherd(int pidpipe, int use_pty, uid_t u
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         signal(forwarded[i], shepherd_forward);
     signal(TREE_KILL, shepherd_tree_kill);
+    signal(RECLAIM, SIG_IGN); /* while the command runs, its lifetime alone rules */
     signal(SIGPIPE, SIG_DFL);
     signal(SIGCHLD, SIG_DFL); /* not the daemon's reaping handler, inherited by fork */
     pid_t command = fork();
-    if (command < 0) _exit(125);
+    if (command < 0) {
+        report_start(status_fd, -errno);
+        _exit(125);
+    }
     if (command == 0) {
         for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
             signal(forwarded[i], SIG_DFL);
         signal(TREE_KILL, SIG_DFL);
+        signal(RECLAIM, SIG_DFL);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        if (use_pty) {
-            if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) != 0) {
-                fprintf(stderr, "e2b-exec: controlling terminal: %s\n", strerror(errno));
-                _exit(125);
-            }
-        } else {
-            setpgid(0, 0);
-        }
-        if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
-            fprintf(stderr, "e2b-exec: switch to %u:%u: %s\n", uid, gid, strerror(errno));
-            _exit(125);
-        }
-        /* After setuid (which clears it): if the shepherd is killed, the command dies too. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (chdir(cwd) != 0) {
-            fprintf(stderr, "e2b-exec: cwd %s: %s\n", cwd, strerror(errno));
-            _exit(125);
-        }
-        execvpe(argv[0], argv, envp);
-        fprintf(stderr, "e2b-exec: %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
+        run_command(l);
     }
-    if (!use_pty) setpgid(command, command); /* no race with the command's own setpgid */
-    char msg[16];
-    int n = snprintf(msg, sizeof msg, "%d", command);
-    if (write(pidpipe, msg, (size_t)n) != n) _exit(125);
-    close(pidpipe);
+    if (!l->use_pty) setpgid(command, command); /* no race with the command's own setpgid */
+    report_start(status_fd, command);
     shepherd_command = command;
     sigprocmask(SIG_SETMASK, &none, NULL);
-    int status;
-    while (waitpid(command, &status, 0) < 0) {
-        if (errno != EINTR) _exit(125);
-    }
-    if (shepherd_kill) kill_tree();
+    int status = reap_until(command);
+    /* Its pid may be reused from now on: no more signals to its group from the handlers. */
+    shepherd_command = 0;
+    char msg[4];
+    put_u32(msg, (uint32_t)status);
+    if (write(status_fd, msg, 4) != 4) _exit(125);
+    close(status_fd);
+    linger(expires);
     if (WIFSIGNALED(status)) {
         signal(WTERMSIG(status), SIG_DFL);
         raise(WTERMSIG(status));
@@ -664,97 +786,133 @@ static int find_watcher(uint32_t id) {
 }
 
 /* ----------------------------------------------------------------------- requests */
-static void start(int i, const char *payload, size_t len) {
-    char *items = malloc(len + 1);
-    if (!items) _exit(70);
-    memcpy(items, payload, len);
-    items[len] = 0;
+/* Parse a start request's items (ITEMS, LEN bytes, NUL-terminated each) into L, whose argv
+ * and envp point into ITEMS. Returns 0, or -1 when it names no program or no user. */
+static int parse_launch(char *items, size_t len, struct launch *l) {
     static char *argv[MAX_ITEMS + 1], *envp[MAX_ITEMS + 1];
-    int argc = 0, envc = 0, use_pty = 0, want_stdin = 0;
-    unsigned cols = 80, rows = 24;
-    long uid = -1, gid = -1, lifetime = 0;
-    const char *cwd = "/";
+    int argc = 0, envc = 0;
+    *l = (struct launch){.cols = 80, .rows = 24, .uid = -1, .gid = -1, .cwd = "/"};
     for (size_t off = 0; off < len;) {
         char *item = items + off;
         off += strlen(item) + 1;
         if (!strncmp(item, "arg=", 4) && argc < MAX_ITEMS) argv[argc++] = item + 4;
         else if (!strncmp(item, "env=", 4) && envc < MAX_ITEMS) envp[envc++] = item + 4;
-        else if (!strncmp(item, "uid=", 4)) uid = strtol(item + 4, NULL, 10);
-        else if (!strncmp(item, "gid=", 4)) gid = strtol(item + 4, NULL, 10);
-        else if (!strncmp(item, "cwd=", 4)) cwd = item + 4;
-        else if (!strncmp(item, "stdin=", 6)) want_stdin = item[6] == '1';
-        else if (!strncmp(item, "lifetime=", 9)) lifetime = strtol(item + 9, NULL, 10);
+        else if (!strncmp(item, "uid=", 4)) l->uid = strtol(item + 4, NULL, 10);
+        else if (!strncmp(item, "gid=", 4)) l->gid = strtol(item + 4, NULL, 10);
+        else if (!strncmp(item, "cwd=", 4)) l->cwd = item + 4;
+        else if (!strncmp(item, "stdin=", 6)) l->want_stdin = item[6] == '1';
+        else if (!strncmp(item, "lifetime=", 9)) l->lifetime = strtol(item + 9, NULL, 10);
+        else if (!strcmp(item, "builtin=read")) l->builtin = 1;
         else if (!strncmp(item, "pty=", 4)) {
-            use_pty = 1;
-            if (sscanf(item + 4, "%u,%u", &cols, &rows) != 2) cols = 80, rows = 24;
+            l->use_pty = 1;
+            if (sscanf(item + 4, "%u,%u", &l->cols, &l->rows) != 2) l->cols = 80, l->rows = 24;
         }
     }
     argv[argc] = NULL, envp[envc] = NULL;
+    l->argv = argv, l->envp = envp;
+    return argc == 0 || l->uid < 0 || l->gid < 0 ? -1 : 0;
+}
+
+/* The sandbox has no pid left for a command: every shepherd is told (RECLAIM), and those
+ * whose command's lifetime is over end what the command left (linger). Our children are
+ * exactly the shepherds, live or lingering, whether or not a slot still names them. */
+static void reclaim_expired(void) {
+    static char buf[MAX_PROCS * 12];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)syscall(SYS_gettid));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    size_t n = 0;
+    for (ssize_t r; n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0;)
+        n += (size_t)r;
+    close(fd);
+    buf[n] = 0;
+    for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n"))
+        kill((pid_t)strtol(tok, NULL, 10), RECLAIM);
+}
+
+/* The command's stdio: a terminal (MASTER for us, SLAVE for it) or pipes (OUT, ERR, and IN
+ * when it wants stdin). Returns 0, or -1 with errno set. */
+static int open_stdio(const struct launch *l, int out[2], int err[2], int in[2], int *master,
+                      int *slave) {
+    if (!l->use_pty)
+        return pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0 &&
+                       (!l->want_stdin || pipe2(in, O_CLOEXEC) == 0)
+                   ? 0
+                   : -1;
+    *master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (*master < 0 || grantpt(*master) != 0 || unlockpt(*master) != 0) return -1;
+    char *name = ptsname(*master);
+    *slave = name ? open(name, O_RDWR | O_NOCTTY | O_CLOEXEC) : -1;
+    if (*slave < 0) return -1;
+    struct winsize ws = {.ws_row = (unsigned short)l->rows, .ws_col = (unsigned short)l->cols};
+    ioctl(*master, TIOCSWINSZ, &ws);
+    return 0;
+}
+
+static void start(int i, const char *payload, size_t len) {
+    char *items = malloc(len + 1);
+    if (!items) _exit(70);
+    memcpy(items, payload, len);
+    items[len] = 0;
+    struct launch l;
     int slot = -1;
     for (int p = 0; p < MAX_PROCS && slot < 0; p++)
         if (!procs[p].used) slot = p;
-    if (argc == 0 || uid < 0 || gid < 0 || slot < 0) {
+    if (parse_launch(items, len, &l) != 0 || slot < 0) {
         free(items);
         send_error(i, slot < 0 ? EAGAIN : EINVAL, slot < 0 ? "too many processes" : "bad start request");
         return;
     }
     int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1}, master = -1, slave = -1;
     int pidpipe[2] = {-1, -1};
-    int ok = pipe2(pidpipe, O_CLOEXEC) == 0;
-    if (ok && use_pty) {
-        master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-        ok = master >= 0 && grantpt(master) == 0 && unlockpt(master) == 0;
-        char *name = ok ? ptsname(master) : NULL;
-        slave = name ? open(name, O_RDWR | O_NOCTTY | O_CLOEXEC) : -1;
-        ok = slave >= 0;
-        if (ok) {
-            struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
-            ioctl(master, TIOCSWINSZ, &ws);
-        }
-    } else if (ok) {
-        ok = pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0 &&
-             (!want_stdin || pipe2(in, O_CLOEXEC) == 0);
-    }
-    int saved = errno;
+    int ok = pipe2(pidpipe, O_CLOEXEC) == 0 && open_stdio(&l, out, err, in, &master, &slave) == 0;
+    int saved = ok ? 0 : errno;
     pid_t sh = ok ? fork() : -1;
     if (sh == 0) {
-        int fd0 = use_pty ? slave : (want_stdin ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC));
-        int fd1 = use_pty ? slave : out[1], fd2 = use_pty ? slave : err[1];
+        int fd0 = l.use_pty ? slave : (l.want_stdin ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC));
+        int fd1 = l.use_pty ? slave : out[1], fd2 = l.use_pty ? slave : err[1];
         if (fd0 < 0 || dup2(fd0, 0) < 0 || dup2(fd1, 1) < 0 || dup2(fd2, 2) < 0) _exit(125);
-        int keep = pidpipe[1];
-        if (dup2(keep, 3) < 0) _exit(125);
+        if (dup2(pidpipe[1], 3) < 0) _exit(125);
         closefrom(4);
-        shepherd(3, use_pty, (uid_t)uid, (gid_t)gid, cwd, argv, envp);
+        shepherd(3, &l);
     }
-    saved = sh < 0 ? errno : saved;
+    saved = sh < 0 && ok ? errno : saved;
     close(slave), close(out[1]), close(err[1]), close(in[0]);
     if (pidpipe[1] >= 0) close(pidpipe[1]);
-    char pidbuf[16] = {0};
+    char pidbuf[4];
     ssize_t got = -1;
-    if (sh > 0)
-        while ((got = read(pidpipe[0], pidbuf, sizeof pidbuf - 1)) < 0 && errno == EINTR) {
+    if (sh > 0) /* one write of 4 bytes: read whole, and the status stays in the pipe */
+        while ((got = read(pidpipe[0], pidbuf, sizeof pidbuf)) < 0 && errno == EINTR) {
         }
-    close(pidpipe[0]);
-    pid_t pid = got > 0 ? (pid_t)strtol(pidbuf, NULL, 10) : -1;
+    int32_t pid = got == 4 ? (int32_t)get_u32(pidbuf) : 0;
     if (pid <= 0) {
+        close(pidpipe[0]);
         if (sh > 0) {
             kill(sh, SIGKILL);
             waitpid(sh, NULL, 0);
         }
         close(master), close(out[0]), close(err[0]), close(in[1]);
         free(items);
-        send_error(i, saved ? saved : ECHILD, "cannot start the process");
+        saved = pid < 0 ? -pid : saved;
+        if (saved == EAGAIN) reclaim_expired(); /* so that a retry finds a pid */
+        send_error(i, saved ? saved : ECHILD,
+                   saved == EAGAIN ? "the sandbox has no process left for the command"
+                                   : "cannot start the process");
         return;
     }
     struct proc *pr = &procs[slot];
     memset(pr, 0, sizeof *pr);
-    pr->used = 1, pr->pid = pid, pr->shepherd = sh, pr->pty = use_pty;
-    pr->out = use_pty ? master : out[0];
-    pr->err = use_pty ? -1 : err[0];
-    pr->in = use_pty ? master : (want_stdin ? in[1] : -1);
+    pr->used = 1, pr->pid = pid, pr->shepherd = sh, pr->pty = l.use_pty;
+    pr->status_fd = pidpipe[0];
+    fcntl(pr->status_fd, F_SETFL, O_NONBLOCK);
+    watch(pr->status_fd, EPOLLIN, K_STATUS, slot);
+    pr->out = l.use_pty ? master : out[0];
+    pr->err = l.use_pty ? -1 : err[0];
+    pr->in = l.use_pty ? master : (l.want_stdin ? in[1] : -1);
     for (int *fd = &pr->out; fd <= &pr->in; fd++)
         if (*fd >= 0) fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) | O_NONBLOCK);
-    pr->deadline = lifetime > 0 ? now_ms() + lifetime : 0;
+    pr->deadline = l.lifetime > 0 ? now_ms() + l.lifetime : 0;
     pr->config = items, pr->config_len = len;
     set_output_watch(slot, 1);
     conns[i].follows = slot;
@@ -951,9 +1109,9 @@ void agent_main(int listen_fd) {
                 kill(pr->shepherd, TREE_KILL); /* the lifetime is over: the whole tree */
                 pr->deadline = 0;
             }
-            if (!pr->ended && pr->deadline && pr->deadline < next) next = pr->deadline;
+            if (!pr->exited && pr->deadline && pr->deadline < next) next = pr->deadline;
             if (pr->ended && now - pr->ended_at > RETAIN_MS && pr->out < 0 && pr->err < 0)
-                proc_free(p);
+                proc_free(p); /* a lingering shepherd is no longer ours to name */
         }
         struct epoll_event evs[64];
         int n = epoll_wait(ep, evs, 64, (int)(next - now));
@@ -981,10 +1139,7 @@ void agent_main(int listen_fd) {
                 }
                 int status;
                 pid_t pid;
-                while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-                    for (int p = 0; p < MAX_PROCS; p++)
-                        if (procs[p].used && !procs[p].exited && procs[p].shepherd == pid)
-                            proc_ended(p, status);
+                while ((pid = waitpid(-1, &status, WNOHANG)) > 0) on_shepherd_exit(pid, status);
             } else if (kind == K_CONN) {
                 if (conns[idx].fd <= 0) continue;
                 if (evs[k].events & EPOLLOUT) conn_flush(idx);
@@ -996,6 +1151,8 @@ void agent_main(int listen_fd) {
                 if (procs[idx].used) stdin_flush(idx);
             } else if (kind == K_WATCH) {
                 if (watchers[idx].used) watcher_event(idx);
+            } else if (kind == K_STATUS) {
+                if (procs[idx].used) read_status(idx);
             }
         }
     }

@@ -65,12 +65,34 @@ def _openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     return int(fd)
 
 
+# Of those, the ones whose files a user may read in the guest, as on a machine of its own:
+# the host hands such a read to the guest (KernelFile).
+GUEST_READABLE_FS = {"proc", "sysfs"}
+
+
+class KernelFile(GuestFileError):
+    """``path`` is a file of the guest's /proc or /sys: the host kernel's interfaces, which
+    a host thread must never open for a guest (there /proc/self would be the host's, and
+    reading may have effects). EPERM for every file operation but a read, which the guest
+    itself makes as the user (the driver's read_file)."""
+
+    def __init__(self, path: str, fs: str) -> None:
+        super().__init__(errno.EPERM, f"{path}: file operations on {fs} are refused")
+        self.path = path
+
+
+def kernel_path(path: str) -> bool:
+    """Whether the normalised guest ``path`` is under the guest's /proc or /sys."""
+    return path.split("/", 2)[1] in ("proc", "sys")
+
+
 def _check_fs(fd: int, path: str) -> None:
     buf = _StatFs()
     if _libc.fstatfs(fd, ctypes.byref(buf)) == 0 and buf.f_type in FORBIDDEN_FS:
-        raise GuestFileError(
-            errno.EPERM, f"{path}: file operations on {FORBIDDEN_FS[buf.f_type]} are refused"
-        )
+        fs = FORBIDDEN_FS[buf.f_type]
+        if fs in GUEST_READABLE_FS:
+            raise KernelFile(path, fs)
+        raise GuestFileError(errno.EPERM, f"{path}: file operations on {fs} are refused")
 
 
 def _fs_ids(uid: int, gid: int) -> None:
@@ -161,24 +183,56 @@ def _table(root_fd: int, path: str) -> list[list[str]]:
     return [line.split(":") for line in _read_small(root_fd, path).splitlines()]
 
 
+GUEST_IDS = 65536  # a sandbox's ids: guest 0..65535 are host id_base..id_base + 65535
+
+
+def _decimal(text: str) -> int | None:
+    """An id as the account files write it (ASCII digits only: ``int`` would also take
+    ``"٣"`` and ``" 7"``), or None."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def lookup_user(root_fd: int, name: str) -> Account:
-    """The guest account ``name`` from the guest's own /etc/passwd."""
+    """The guest account ``name`` from the guest's own /etc/passwd. The guest writes that
+    file: an account whose uid or gid is outside the sandbox's ids (0..65535) is refused
+    here, before any host thread or guest process could take it."""
     for row in _table(root_fd, "/etc/passwd"):
-        if len(row) >= 6 and row[0] == name and row[2].isdigit() and row[3].isdigit():
-            return Account(name, int(row[2]), int(row[3]), row[5] or "/")
+        if len(row) < 6 or row[0] != name:
+            continue
+        uid, gid = _decimal(row[2]), _decimal(row[3])
+        if uid is None or gid is None:
+            continue
+        if not (0 <= uid < GUEST_IDS and 0 <= gid < GUEST_IDS):
+            raise UnknownUser(
+                errno.EINVAL,
+                f"user {name!r} has ids {uid}:{gid}, outside the sandbox's 0..{GUEST_IDS - 1}",
+            )
+        return Account(name, uid, gid, row[5] or "/")
     if name == "root":  # uid 0 is root whatever the guest's files say (a bare rootfs has none)
         return Account("root", 0, 0, "/root")
     raise UnknownUser(errno.ENOENT, f"user {name!r} does not exist in the sandbox")
 
 
+def _names_of(root_fd: int, path: str) -> dict[int, str]:
+    names = {}
+    for row in _table(root_fd, path):
+        number = _decimal(row[2]) if len(row) > 2 else None
+        if number is not None:
+            names[number] = row[0]
+    return names
+
+
 def id_names(root_fd: int) -> tuple[dict[int, str], dict[int, str]]:
-    users = {
-        int(r[2]): r[0] for r in _table(root_fd, "/etc/passwd") if len(r) > 2 and r[2].isdigit()
-    }
-    groups = {
-        int(r[2]): r[0] for r in _table(root_fd, "/etc/group") if len(r) > 2 and r[2].isdigit()
-    }
-    return users, groups
+    return _names_of(root_fd, "/etc/passwd"), _names_of(root_fd, "/etc/group")
+
+
+def host_id(id_base: int, guest_id: int) -> int:
+    """The host id of a guest id of the sandbox whose range starts at ``id_base``. Never
+    one outside that range: a thread that took it would act as another sandbox's, or as
+    the host's (setfsuid takes 32 bits: a passwd uid of 2**32 - id_base is host root)."""
+    if not 0 <= guest_id < GUEST_IDS:
+        raise UnknownUser(errno.EINVAL, f"id {guest_id} is outside the sandbox's ids")
+    return id_base + guest_id
 
 
 def _name(names: dict[int, str], guest_id: int) -> str:
@@ -292,8 +346,8 @@ class GuestFiles:
         # The guest's ids are host ids id_base + n: work as that host id, so the kernel checks
         # the user's permissions and what is created is the user's.
         self._ids = as_guest_user(
-            self.id_base + self.account.uid,
-            self.id_base + self.account.gid,
+            host_id(self.id_base, self.account.uid),
+            host_id(self.id_base, self.account.gid),
             guest_root=self.account.uid == 0,
         )
         self._ids.__enter__()
@@ -468,6 +522,8 @@ class GuestFiles:
         """A descriptor for reading the regular file ``path``: the permission check happens
         here, so the caller may read it on any thread."""
         path = self.path(path)
+        if kernel_path(path):  # not even opened: refused before any host open
+            raise KernelFile(path, path.split("/", 2)[1])
         fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
@@ -508,7 +564,8 @@ class GuestFiles:
                 # As envd does: the file is (re-)chowned to the writer, which a watcher of
                 # the directory sees as a chmod (where the user may; else it stays as it is).
                 with contextlib.suppress(OSError):
-                    uid, gid = self.id_base + self.account.uid, self.id_base + self.account.gid
+                    uid = host_id(self.id_base, self.account.uid)
+                    gid = host_id(self.id_base, self.account.gid)
                     os.fchown(fd, uid, gid)
                 os.set_blocking(fd, True)
                 for chunk in chunks:

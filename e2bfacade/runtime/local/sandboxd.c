@@ -23,6 +23,7 @@
  *   rootfs=DIR lower=A:B hostname=NAME cgroup=PROCS_FILE (repeatable)
  *   (the writable layer is disk/upper, with disk/work, in the sandbox's directory DIR)
  *   bind=SRC:DST (read-only host bind, repeatable)
+ *   lxcfs=DIR (the runtime's lxcfs mount: the guest's meminfo, uptime... of its own)
  *   leave=PROCS_FILE (repeatable: where the handler moves itself once the init runs)
  *   cgroupdir=DIR (cgroup v2: the sandbox's group, which the sandbox is created in with
  *   clone3's CLONE_INTO_CGROUP, so that nothing migrates: instead of cgroup/leave items)
@@ -131,6 +132,7 @@ static void __attribute__((noreturn)) init_loop(void) {
 
 struct create_req {
     const char *rootfs, *lower, *hostname, *seccomp, *dir, *park, *cgroupdir;
+    const char *lxcfs; /* the runtime's lxcfs mount, when it has one (lxcfs.py) */
     const char *veth, *hostip, *guestip; /* the network link, when the sandbox has one */
     int prefix;
     unsigned long idbase;
@@ -407,6 +409,54 @@ static void bind_dev(const char *name) {
     mount_or_fail(src, dst, NULL, MS_BIND, NULL);
 }
 
+/* The runtime's lxcfs mount, cloned for one sandbox: read-only, not idmapped (its files are
+ * 0444; FUSE here cannot be idmapped). Host root makes it; the init attaches it. */
+static int lxcfs_clone(const char *path) {
+    int t = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (t < 0) return -1;
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+                                       MOUNT_ATTR_NOEXEC};
+    if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &a, sizeof a) != 0) {
+        int e = errno;
+        close(t);
+        errno = e;
+        return -1;
+    }
+    return t;
+}
+
+/* The machine-wide /proc files of the sandbox's own (lxcfs.py says which and why), bound
+ * read-only from lxcfs over the kernel's. */
+static void bind_lxcfs(int mount_fd) {
+    static const char *files[] = {"meminfo", "cpuinfo", "stat", "uptime", "loadavg", "swaps"};
+    if (mkdir("../stage/lxcfs", 0700) != 0) fail("lxcfs", "stage: %s", strerror(errno));
+    attach(mount_fd, "../stage/lxcfs");
+    char src[64], dst[64];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(src, sizeof src, "../stage/lxcfs/proc/%s", files[i]);
+        snprintf(dst, sizeof dst, "proc/%s", files[i]);
+        bind_readonly(src, dst, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    }
+}
+
+/* The guest's boot_id is its own, new at every launch of its init (a cold boot on the same
+ * disk too), as a VM's is at every boot; the host's is not the guest's to see. The kernel's
+ * uuid generator makes it; it lives in the stage tmpfs (memory of the init's, gone with it),
+ * bound read-only over the proc file. (lxcfs has no boot_id: LXC binds a file like this.) */
+static int own_boot_id(void) {
+    char id[40];
+    int fd = open("proc/sys/kernel/random/uuid", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, id, sizeof id);
+    close(fd);
+    if (n != 37) return n < 0 ? -1 : (errno = EIO, -1);
+    fd = open("../stage/boot_id", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
+    if (fd < 0) return -1;
+    ssize_t w = write(fd, id, (size_t)n);
+    close(fd);
+    return w == n ? 0 : (errno = EIO, -1);
+}
+
 static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     /* The init's environment is readable by the guest (/proc/1/environ): keep none of ours. */
     clearenv();
@@ -416,7 +466,8 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     int nlower = 1;
     for (const char *c = r->lower; *c; c++) nlower += *c == ':';
     int nfds = recv_fds(sync_fd, fds, MAX_FDS);
-    if (nfds != nlower + r->nbinds) fail("userns", "got %d mounts, expected %d", nfds, nlower + r->nbinds);
+    int expected = nlower + r->nbinds + (r->lxcfs ? 1 : 0);
+    if (nfds != expected) fail("userns", "got %d mounts, expected %d", nfds, expected);
     close(sync_fd);
     /* We are in the sandbox's directory (the maker went there as host root) and, with our
      * maps written, its host uid BASE is our uid 0: the guest's root, owning the upper
@@ -427,6 +478,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * path the guest never sees (it is outside the root we pivot into). */
     int agent_fd = agent_listen("agent.sock");
     if (agent_fd < 0) fail("agent", "listen: %s", strerror(errno));
+    /* The daemon's umask (077, for its own sockets) ends here: the guest's init, its agent
+     * and every command get a machine's usual 022, as envd's do. */
+    umask(022);
     /* Nothing we mount may propagate back to the host. */
     mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     /* Mount points for the layers, in memory: nothing to make or clean up on the disk. */
@@ -452,8 +506,9 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
      * around the missing CAP_MKNOD. */
     snprintf(opts + off, sizeof opts - off,
              ",upperdir=disk/upper,workdir=disk/work,userxattr,redirect_dir=nofollow,index=off,metacopy=off");
-    /* The sandbox's directory as the mount's source: the host can tell its mounts apart. */
-    mount_or_fail(r->dir, "rootfs", "overlay", MS_NODEV, opts);
+    /* The source is what the guest's mountinfo and df show: a plain name, never a host
+     * path. (The host tells a sandbox's mounts apart by its disk, mounted at its directory.) */
+    mount_or_fail("overlay", "rootfs", "overlay", MS_NODEV, opts);
     if (chdir("rootfs") != 0) fail("chdir", "rootfs: %s", strerror(errno));
 
     for (int i = 0; i < r->nbinds; i++) {
@@ -489,6 +544,10 @@ static void __attribute__((noreturn)) sandbox_init(struct create_req *r) {
     const char *ro_proc[] = {"proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"};
     for (size_t i = 0; i < sizeof ro_proc / sizeof ro_proc[0]; i++)
         if (access(ro_proc[i], F_OK) == 0) bind_readonly(ro_proc[i], ro_proc[i], MS_NOSUID);
+    if (own_boot_id() != 0) fail("boot_id", "%s", strerror(errno));
+    bind_readonly("../stage/boot_id", "proc/sys/kernel/random/boot_id",
+                  MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    if (r->lxcfs) bind_lxcfs(fds[nlower + r->nbinds]);
     mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     for (size_t i = 0; i < sizeof masked_paths / sizeof masked_paths[0]; i++)
         mask_path(masked_paths[i]);
@@ -559,6 +618,7 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "hostname")) r->hostname = v;
         else if (!strcmp(item, "seccomp")) r->seccomp = v;
         else if (!strcmp(item, "dir")) r->dir = v;
+        else if (!strcmp(item, "lxcfs")) r->lxcfs = v;
         else if (!strcmp(item, "park")) r->park = v;
         else if (!strcmp(item, "cgroupdir")) r->cgroupdir = v;
         else if (!strcmp(item, "idbase")) r->idbase = strtoul(v, NULL, 10);
@@ -825,6 +885,8 @@ static void __attribute__((noreturn)) handle(int conn) {
         if (colon) *colon = 0;
         if ((fds[nfds++] = idmapped_clone(src, userns)) < 0) break;
     }
+    if (r.lxcfs && userns >= 0 && nfds < MAX_FDS && (nfds == 0 || fds[nfds - 1] >= 0))
+        fds[nfds++] = lxcfs_clone(r.lxcfs);
     if (userns < 0 || (nfds > 0 && fds[nfds - 1] < 0) || send_fds(sync[0], fds, nfds) != 0) {
         kill(child, SIGKILL);
         reply(conn, "ERR userns: idmapped mounts: %s", strerror(errno));

@@ -24,13 +24,14 @@ from e2bfacade.runtime.base import (
     SandboxInfo,
     WatcherChanges,
 )
-from e2bfacade.runtime.local.files import GuestFiles, lookup_user, open_guest_root
+from e2bfacade.runtime.local.files import GuestFiles, KernelFile, lookup_user, open_guest_root
 from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.processes import (
     Agent,
     AgentProcess,
     AgentWatch,
     process_env,
+    read_in_guest,
     start_items,
 )
 from e2bfacade.runtime.local.record import SandboxRecord
@@ -153,8 +154,14 @@ class LocalGuest:
         self, path: str, *, user: str | None = None, chunk_size: int = 65536
     ) -> Iterator[bytes]:
         with self._files(user) as files:
-            fd = files.open_read(path)
-        return _chunks(fd, chunk_size)
+            try:
+                fd = files.open_read(path)
+            except KernelFile as exc:  # the guest's /proc or /sys: the guest reads it
+                account, kernel_file = files.account, exc.path
+            else:
+                return _chunks(fd, chunk_size)
+        data = read_in_guest(self._agent, account, kernel_file)
+        return iter([data[i : i + chunk_size] for i in range(0, len(data), chunk_size)])
 
     def write_file(
         self,

@@ -20,7 +20,7 @@ from e2bfacade.runtime.base import (
     SandboxRuntimeError,
     SandboxSpec,
 )
-from e2bfacade.runtime.local import build
+from e2bfacade.runtime.local import build, lxcfs
 from e2bfacade.runtime.local.guest import seed
 from e2bfacade.runtime.local.guest.start import run_start_command
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
@@ -108,6 +108,9 @@ def launch(
         *(f"bind={b}:{b}" for b in binds),
         *(link.request() if link is not None else ()),
     ]
+    proc_view = lxcfs.ensure(rt.root)  # a live one at each launch: it may have died
+    if proc_view is not None:
+        request.append(f"lxcfs={proc_view}")
     pid = None
     if launcher is not None:
         pid = rt.launcher.launch_spare(sid, launcher, request)

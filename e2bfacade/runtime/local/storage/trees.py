@@ -260,12 +260,69 @@ def _shifted(host_id: int, shift: int) -> int:
     return guest if 0 <= guest < ID_RANGE else NOBODY
 
 
+# What a layer copy keeps of a file's extended attributes: the user's own (``user.*``, the
+# files API's ``user.e2b.*`` metadata among them) but overlay's bookkeeping of the mount the
+# layer came from (``user.overlay.*`` other than opaque: origins of layers that are not
+# there any more); file capabilities and POSIX ACLs with their ids shifted like the owners'.
+# ``trusted.*`` and the other ``security.*`` names are the host's, never a guest's.
+CAPABILITY = "security.capability"
+ACLS = ("system.posix_acl_access", "system.posix_acl_default")
+_CAPS_V3 = 0x03000000  # VFS_CAP_REVISION_3: rootid follows the two capability words
+_ACL_USER, _ACL_GROUP = 0x02, 0x08
+
+
+def _shifted_caps(value: bytes, shift: int) -> bytes | None:
+    """A ``security.capability`` value for the copy. A v3 value names the user namespace
+    root it applies to (rootid, a host id here): that becomes the same guest's id, as an
+    owner does; one outside the sandbox's range applies to nobody and is left out."""
+    if len(value) != 24 or int.from_bytes(value[:4], "little") & 0xFF000000 != _CAPS_V3:
+        return value  # v2: no rootid
+    guest = int.from_bytes(value[20:], "little") + shift
+    if not 0 <= guest < ID_RANGE:
+        return None
+    return value[:20] + guest.to_bytes(4, "little")
+
+
+def _shifted_acl(value: bytes, shift: int) -> bytes:
+    """A POSIX ACL (a u32 version, then u16 tag, u16 perm, u32 id entries) with the ids of
+    its named users and groups shifted."""
+    out = bytearray(value)
+    for at in range(4, len(out) - 7, 8):
+        if int.from_bytes(out[at : at + 2], "little") in (_ACL_USER, _ACL_GROUP):
+            host = int.from_bytes(out[at + 4 : at + 8], "little")
+            out[at + 4 : at + 8] = _shifted(host, shift).to_bytes(4, "little")
+    return bytes(out)
+
+
+def _copied_xattr(name: str, value: bytes, shift: int) -> bytes | None:
+    if name in OPAQUE_XATTRS:
+        return value
+    if name.startswith("user."):
+        return None if name.startswith("user.overlay.") else value
+    if name == CAPABILITY:
+        return _shifted_caps(value, shift)
+    if name in ACLS:
+        return _shifted_acl(value, shift)
+    return None
+
+
+def _copy_xattrs(src: int, dst: int, shift: int) -> None:
+    """Copy what a layer keeps of ``src``'s extended attributes to ``dst`` (descriptors).
+    Call after the owner is set: a chown clears file capabilities."""
+    for name in os.listxattr(src):
+        value = _copied_xattr(name, os.getxattr(src, name), shift)
+        if value is not None:
+            os.setxattr(dst, name, value)
+
+
 def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> None:
-    """Copy an overlay layer ``src`` into the new directory ``dst``, exactly: modes, owners,
-    times, whiteouts (character devices 0/0), opaque-directory xattrs, symlinks, FIFOs,
-    sockets and hard links; sparse files stay sparse. Raises :class:`TreeTooLarge` past
-    ``max_bytes`` of data. Device nodes other than whiteouts are left out: a guest cannot
-    make them, and they would bypass its missing CAP_MKNOD in every restored sandbox.
+    """Copy an overlay layer ``src`` into the new directory ``dst``, exactly: modes (setuid,
+    setgid and sticky bits included), owners, times, whiteouts (character devices 0/0),
+    opaque-directory xattrs, the user's xattrs, file capabilities and ACLs of files and
+    directories, symlinks, FIFOs, sockets and hard links; sparse files stay sparse. Raises
+    :class:`TreeTooLarge` past ``max_bytes`` of data. Device nodes other than whiteouts are
+    left out: a guest cannot make them, and they would bypass its missing CAP_MKNOD in every
+    restored sandbox.
     ``id_shift`` is added to every owner: a sandbox's layer holds host ids (its range's
     base + guest id), an image holds guest ids."""
     os.mkdir(dst, 0o755)
@@ -293,8 +350,13 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> No
                 out = os.open(name, flags, 0o600, dir_fd=here)
                 try:
                     _copy_data(src_fd, out, budget)
+                    # Owner first (a chown clears file capabilities, setuid and setgid),
+                    # then xattrs (an ACL sets the mode's group bits), then the mode, then
+                    # the times (last: the rest bumps them).
                     os.fchown(out, _shifted(st.st_uid, id_shift), _shifted(st.st_gid, id_shift))
+                    _copy_xattrs(src_fd, out, id_shift)
                     os.fchmod(out, mode)
+                    os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
                     if st.st_nlink > 1 and len(links) < MAX_LINKED_FILES:
                         links[_ident(st)] = os.open(
                             name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here
@@ -303,7 +365,8 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> No
                     os.close(out)
             finally:
                 os.close(src_fd)
-        elif kind == stat.S_IFLNK:
+            return
+        if kind == stat.S_IFLNK:
             os.symlink(os.readlink(name, dir_fd=dir_fd), name, dir_fd=here)
         elif kind == stat.S_IFCHR and st.st_rdev == 0:
             os.mknod(name, stat.S_IFCHR | mode, 0, dir_fd=here)  # a whiteout
@@ -318,7 +381,7 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> No
             dir_fd=here,
             follow_symlinks=False,
         )
-        if kind != stat.S_IFREG and kind != stat.S_IFLNK:  # the umask trimmed mknod's mode
+        if kind != stat.S_IFLNK:  # the umask trimmed mknod's mode
             os.chmod(name, mode, dir_fd=here)
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=here, follow_symlinks=False)
 
@@ -332,12 +395,7 @@ def copy_layer(src: Path, dst: Path, *, max_bytes: int, id_shift: int = 0) -> No
         dst_fds.append(child)
         src_fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
         try:
-            for attr in OPAQUE_XATTRS:
-                try:
-                    value = os.getxattr(src_fd, attr)
-                except OSError:
-                    continue
-                os.setxattr(child, attr, value)
+            _copy_xattrs(src_fd, child, id_shift)  # its owner is root's until leave
         finally:
             os.close(src_fd)
         return True

@@ -1,0 +1,89 @@
+"""The guest's machine-wide /proc files of its own sandbox, from Debian's ``lxcfs``.
+
+An E2B sandbox is a VM: its /proc/meminfo shows its own memory, /proc/uptime its own boot,
+/proc/cpuinfo its own CPUs. Here /proc is the host kernel's, so lxcfs (a FUSE file system,
+the one LXC and Incus use) serves those files computed from the reader's cgroups and pid
+namespace, and each sandbox's init binds them over its /proc (sandboxd.c: ``lxcfs=DIR``).
+One lxcfs serves every sandbox of a runtime root, mounted at ``<root>/lxcfs``.
+
+Measured here (cgroup v1, kernel 6.18, 2 cores): a read of meminfo takes 276 µs median,
+3.8 ms p99, through lxcfs against 14 µs / 47 µs from the kernel (uptime 148 µs, stat 289 µs,
+cpuinfo 317 µs); lxcfs holds 3 MiB. If lxcfs dies, those files of running sandboxes answer
+ENOTCONN until the sandbox boots again (a mount cannot be healed in place); the next
+runtime start mounts a fresh one for the sandboxes it launches. Without lxcfs installed the
+guests see the kernel's own files, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from e2bfacade.runtime.local import build
+
+FUSE_SUPER_MAGIC = 0x65735546
+MNT_DETACH = 2
+# The files a sandbox's init binds over its own (sandboxd.c's lxcfs_files must match).
+FILES = ("proc/meminfo", "proc/cpuinfo", "proc/stat", "proc/uptime", "proc/loadavg", "proc/swaps")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def _live(mount: Path) -> bool:
+    buf = _StatFs()
+    if _libc.statfs(os.fsencode(mount), ctypes.byref(buf)) != 0:
+        return False
+    if buf.f_type != FUSE_SUPER_MAGIC:
+        return False
+    try:
+        (mount / "proc" / "uptime").read_bytes()
+    except OSError:
+        return False
+    return True
+
+
+def ensure(root: Path, timeout: float = 10.0) -> Path | None:
+    """The live lxcfs mount of the runtime root ``root``, started once and then shared by
+    its sandboxes (and adopted by the next runtime on the same root); None when lxcfs is
+    not installed or cannot mount here."""
+    mount = root / "lxcfs"
+    if _live(mount):
+        return mount
+    binary = shutil.which("lxcfs")
+    if binary is None:
+        return None
+    _libc.umount2(os.fsencode(mount), MNT_DETACH)  # a dead one's mount, if any
+    mount.mkdir(mode=0o755, exist_ok=True)
+    # -l: loadavg per cgroup; --enable-cfs: the CPUs its quota gives. In a session of its
+    # own, so it outlives this process as sandboxd does.
+    subprocess.Popen(
+        [binary, "-l", "--enable-cfs", "--enable-pidfd", "-p", str(root / "lxcfs.pid"), str(mount)],
+        env=build.CLEAN_ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _live(mount):
+            return mount
+        time.sleep(0.05)
+    return None
+
+
+def stop(root: Path) -> None:
+    """End the lxcfs of ``root`` and unmount it (a runtime root being deleted)."""
+    _libc.umount2(os.fsencode(root / "lxcfs"), MNT_DETACH)
+    try:  # it keeps serving after a SIGTERM while a sandbox still holds a bind of it
+        os.kill(int((root / "lxcfs.pid").read_text()), 9)
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,146 @@
+"""What a guest sees of its machine: its own, never the host's. No host path in its mounts,
+a machine's usual umask, and /proc's machine-wide files (boot id, memory, load, uptime,
+CPUs) of its own sandbox, as an E2B microVM shows its own."""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from e2bfacade.runtime.base import GuestFileError, SandboxSpec
+from e2bfacade.runtime.local import LocalRuntime
+from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
+
+
+def _umask(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return line.split()[1]
+    raise AssertionError(f"no Umask line for {pid}")
+
+
+def test_the_guests_init_agent_and_commands_have_umask_0022(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    info = runtime.create(SandboxSpec(sandbox_id, "base"))
+
+    def agents() -> list[int]:
+        return [p for p in cgroup_pids(runtime, sandbox_id) if cmdline(p)[:1] == [b"e2b-agent"]]
+
+    assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
+    agent = agents()
+    assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
+    assert ok(runtime, sandbox_id, "umask").strip() == "0022"
+    assert ok(runtime, sandbox_id, "umask", user="user").strip() == "0022"
+    # What root makes, user can read (and list), as on any machine.
+    ok(runtime, sandbox_id, "echo made-by-root > /tmp/by-root; mkdir /tmp/dir-by-root")
+    assert ok(runtime, sandbox_id, "stat -c %a /tmp/by-root /tmp/dir-by-root").split() == [
+        "644",
+        "755",
+    ]
+    listing = ok(runtime, sandbox_id, "cat /tmp/by-root; ls -a /tmp/dir-by-root", user="user")
+    assert listing.split() == ["made-by-root", ".", ".."]
+
+
+def test_no_host_path_shows_in_the_guests_mounts_or_df(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    seen = ok(
+        runtime,
+        sandbox_id,
+        "cat /proc/self/mountinfo /proc/mounts /proc/1/mountinfo /proc/self/mountstats; "
+        "df -P / /usr /tmp /dev /proc",
+    )
+    assert str(runtime.root) not in seen
+    assert "sandboxes/" not in seen
+    root_line = ok(runtime, sandbox_id, "df -P / | tail -1").split()
+    assert root_line[0] == "overlay" and root_line[-1] == "/"
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
+    runtime: LocalRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+    host = Path(BOOT_ID).read_text()
+    first = ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert uuid.UUID(first.strip()) and first != host
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}", user="user") == first
+    other = new_sandbox_id()
+    runtime.create(SandboxSpec(other, "base"))
+    assert ok(runtime, other, f"cat {BOOT_ID}") not in (first, host)
+    # The same boot: a freeze and a thaw keep it; guest root cannot change it.
+    runtime.pause(sandbox_id)
+    runtime.resume(sandbox_id)
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}") == first
+    assert sh(runtime, sandbox_id, f"echo x > {BOOT_ID}").exit_code != 0
+    assert sh(runtime, sandbox_id, f"umount {BOOT_ID}").exit_code != 0
+    assert ok(runtime, sandbox_id, f"cat {BOOT_ID}") == first
+    # A cold boot on the same disk is a new boot.
+    runtime.pause(sandbox_id, memory=False)
+    runtime.resume(sandbox_id)
+    rebooted = ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert rebooted not in (first, host) and uuid.UUID(rebooted.strip())
+
+
+def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base"))
+
+    def read(path: str, user: str = "user") -> bytes:
+        return b"".join(runtime.guest(sandbox_id).read_file(path, user=user))
+
+    # The guest's own values (as E2B's SDK test reads boot_id), not the host's.
+    assert read(BOOT_ID).decode() == ok(runtime, sandbox_id, f"cat {BOOT_ID}")
+    assert read(BOOT_ID) != Path(BOOT_ID).read_bytes()
+    assert read("/sys/class/net/lo/mtu").decode() == ok(
+        runtime, sandbox_id, "cat /sys/class/net/lo/mtu"
+    )
+    # Read by a guest process of the caller's user: /proc/self is that reader.
+    assert "\nUid:\t1000\t1000\t1000\t1000\n" in read("/proc/self/status").decode()
+    assert "\nUid:\t0\t0\t0\t0\n" in read("/proc/self/status", user="root").decode()
+    ok(runtime, sandbox_id, f"ln -s {BOOT_ID} ~/boot-link", user="user")
+    assert read("boot-link") == read(BOOT_ID)  # a link into /proc, resolved in the guest
+    # The guest's answers: its permissions, its errors, a bound on what is read.
+    for path, user, code in (
+        ("/proc/1/environ", "root", errno.EACCES),  # the init is not dumpable
+        ("/proc/no-such-file", "user", errno.ENOENT),
+        ("/proc/self/root/dev/zero", "user", errno.EFBIG),  # endless: at most 1 MiB is read
+    ):
+        with pytest.raises(GuestFileError) as caught:
+            read(path, user)
+        assert caught.value.errno == code, (path, caught.value)
+    # Only reads: everything else on the guest's kernel files is still refused by the host.
+    with pytest.raises(GuestFileError) as refused:
+        runtime.guest(sandbox_id).write_file("/proc/sys/kernel/hostname", [b"x"], user="root")
+    assert refused.value.errno == errno.EPERM
+
+
+def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
+    runtime: LocalRuntime, sandbox_id: str
+) -> None:
+    runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
+    meminfo = ok(runtime, sandbox_id, "cat /proc/meminfo", user="user")
+    assert meminfo.splitlines()[0].split() == ["MemTotal:", str(256 * 1024), "kB"]
+    assert ok(runtime, sandbox_id, "free -m | awk '/^Mem:/ {print $2}'") == "256\n"
+    host_uptime = float(Path("/proc/uptime").read_text().split()[0])
+    uptime = float(ok(runtime, sandbox_id, "cut -d' ' -f1 /proc/uptime"))
+    assert uptime < 120 and uptime < host_uptime - 1  # since the sandbox's boot, not the host's
+    # The sandbox's own load: its one process running, not the host's hundreds.
+    assert (
+        ok(runtime, sandbox_id, "cut -d' ' -f4 /proc/loadavg").split("/")[1].strip()
+        != (Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    )
+    # Through the file API too (read in the guest).
+    assert (
+        b"".join(runtime.guest(sandbox_id).read_file("/proc/meminfo")).decode().split("\n")[0]
+        == (meminfo.splitlines()[0])
+    )
