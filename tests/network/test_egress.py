@@ -237,16 +237,22 @@ def test_kill_and_a_crash_leave_no_interface_rule_or_record(
     # the background.
     assert _settled(lambda: ifname not in network.interfaces())
     # A crash: the sandbox's processes die under the service (the OOM killer, a reboot of
-    # one sandbox); the sweep finds it dead and removes its rules.
+    # one sandbox). The sweep parks it: its rules and link go with its processes, its files
+    # stay for a cold boot. Killing it then leaves nothing.
     crashed = make_sandbox(allow_internet=False)
     slot = net_runtime.layout.slot_of(crashed)
     assert slot is not None
     ifname = network.link(slot).ifname
     net_runtime.cgroups.kill_all(crashed)
     net_runtime.cgroups.wait_empty(crashed)
-    assert crashed in net_runtime.sweep()
+    assert crashed not in net_runtime.sweep()
+    record = net_runtime.layout.read_state(crashed)
+    assert record is not None and record.parked is not None
     assert network.record(slot) is None and network.elements() == elements
     assert _settled(lambda: ifname not in network.interfaces())
+    net_runtime.kill(crashed)
+    assert net_runtime.layout.read_state(crashed) is None
+    assert network.record(slot) is None and network.elements() == elements
 
 
 def test_a_restarted_service_adopts_the_network_of_running_sandboxes(

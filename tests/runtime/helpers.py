@@ -5,6 +5,7 @@ about its own state is caught."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -99,6 +100,25 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 2.0, step: float 
             return True
         time.sleep(step)
     return predicate()
+
+
+def kill_and_wait(pids: list[int], timeout: float = 30.0) -> None:
+    """SIGKILL ``pids`` and wait for each to end (its pidfd turns readable): the event, not
+    a guess at how long the kernel takes on a busy machine."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    try:
+        for fd in fds:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def gone_or_reused(pid: int, start: int | None) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from e2bfacade.runtime.base import SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.cgroups import SPARE_PREFIX
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import cgroup_file, init_and_agent, ok, wait_until
+from tests.runtime.helpers import cgroup_file, init_and_agent, kill_and_wait, ok, wait_until
 
 DISK = 1024  # SandboxSpec's default disk size, the one the pool keeps first
 
@@ -97,9 +96,8 @@ def test_concurrent_creates_never_share_a_spare(rt: LocalRuntime) -> None:
 
 def test_dead_spares_cost_only_speed_and_are_swept(rt: LocalRuntime) -> None:
     filled(rt)
-    for pid in spare_pids(rt):
-        os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not spare_pids(rt))
+    kill_and_wait(spare_pids(rt))
+    assert not spare_pids(rt)
     sid = new_id()
     info = rt.create(SandboxSpec(sid, "base"))
     assert init_and_agent(rt.cgroups.pids(sid), info.init_pid)

@@ -12,7 +12,9 @@ parents, the database, the temporary directory.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -108,6 +110,65 @@ def query(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tup
         return list(conn.execute(sql, params).fetchall())
 
 
+def migrations_digest() -> str:
+    """A digest of every migration file: a migrated template made from other migrations is
+    never cloned."""
+    digest = hashlib.sha256()
+    for path in sorted(REPO.glob("*/migrations/*.py")):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+_sqlite_templates: dict[str, Path] = {}
+
+
+def migrated_postgres(admin_url: str, base: str, name: str, env: dict[str, str]) -> None:
+    """Create database ``name`` as a copy of a migrated template (``CREATE DATABASE ...
+    TEMPLATE``: 0.1 s against 1.9 s for ``migrate``), migrating the template first if no
+    run has yet. The template is named by :func:`migrations_digest`; it is built under a
+    name of its own and renamed, so a run killed midway never leaves a half-migrated one."""
+    import psycopg
+
+    template = f"e2bfacade_tmpl_{migrations_digest()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,))
+        if found.fetchone() is None:
+            # Templates of older migrations: no run clones them again.
+            stale = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname ~ '^e2bfacade_tmpl_[0-9a-f]{12}$'"
+            ).fetchall()
+            for (old,) in stale:
+                conn.execute(f'DROP DATABASE IF EXISTS "{old}"')
+            building = f"{template}_{secrets.token_hex(4)}"
+            conn.execute(f'CREATE DATABASE "{building}"')
+            try:
+                manage(
+                    {**env, "DATABASE_URL": _with_database(base, building)},
+                    "migrate",
+                    "--no-input",
+                    "-v",
+                    "0",
+                )
+                conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{template}"')
+            except psycopg.errors.DuplicateDatabase:
+                pass  # another run made it meanwhile
+            finally:
+                conn.execute(f'DROP DATABASE IF EXISTS "{building}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+
+
+def migrated_sqlite(path: Path, env: dict[str, str]) -> None:
+    """Copy a migrated SQLite file to ``path``, migrating one first (once per process)."""
+    digest = migrations_digest()
+    template = _sqlite_templates.get(digest)
+    if template is None or not template.exists():
+        template = Path(tempfile.mkdtemp(prefix="e2bfacade-tmpl-")) / "migrated.sqlite3"
+        manage({**env, "DATABASE_URL": f"sqlite:///{template}"}, "migrate", "--no-input", "-v", "0")
+        atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
+        _sqlite_templates[digest] = template
+    shutil.copyfile(template, path)
+
+
 # ------------------------------------------------------------------------------ process
 def free_port() -> int:
     with socket.socket() as s:
@@ -156,7 +217,7 @@ def _reap(root: Path) -> None:
     """What a server leaves on the host besides files: sandboxes (processes in cgroups), the
     launcher daemon and its keeper (they detach on purpose, so that a restarted service
     keeps its sandboxes) and the runtime's cgroup parents. Run by :func:`cleanup_runtime`."""
-    from e2bfacade.runtime.local import LocalRuntime
+    from e2bfacade.runtime.local import LocalRuntime, lxcfs
 
     runtime = LocalRuntime(root)
     kill_all_sandboxes(runtime)
@@ -175,6 +236,7 @@ def _reap(root: Path) -> None:
         if argv[0].startswith(bin_prefix) or any(sock_prefix in arg for arg in argv):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
+    lxcfs.stop(root)
     groups = runtime.cgroups
     for parent in [*getattr(groups, "roots", {}).values(), getattr(groups, "root", None)]:
         if parent is not None:
@@ -433,13 +495,10 @@ class Deployment:
             if self.postgres:
                 if not is_postgres(base):
                     raise ServerError("a PostgreSQL deployment needs a postgres:// DATABASE_URL")
-                import psycopg
 
                 self._db_name = f"{prefix}_{secrets.token_hex(4)}"
                 # The maintenance database: the suite's own may not exist yet.
                 self._admin_url = _libpq(_with_database(base, "postgres"))
-                with psycopg.connect(self._admin_url, autocommit=True) as conn:
-                    conn.execute(f'CREATE DATABASE "{self._db_name}"')
                 self.database_url = _with_database(base, self._db_name)
             else:
                 self.database_url = f"sqlite:///{self.tmp / 'live.sqlite3'}"
@@ -458,7 +517,11 @@ class Deployment:
             for name in ("E2BFACADE_FAILPOINTS", "E2BFACADE_FAILPOINT_DIR"):
                 self.env.pop(name, None)
             self.env.update(extra_env or {})
-            self.manage("migrate", "--no-input", "-v", "0")
+            # A copy of a migrated database (what ``migrate`` makes, from the same files).
+            if self._admin_url is not None and self._db_name is not None:
+                migrated_postgres(self._admin_url, base, self._db_name, self.env)
+            else:
+                migrated_sqlite(self.tmp / "live.sqlite3", self.env)
             names = [f"live-{secrets.token_hex(3)}-{i}" for i in range(teams)]
             made = self.create_teams([*team_names, *names])
         except BaseException:

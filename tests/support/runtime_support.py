@@ -17,7 +17,7 @@ import pytest
 
 from e2bfacade import sandbox_runtime
 from e2bfacade.runtime.base import ImageInUse, RuntimeUnavailable
-from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime
+from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime, lxcfs
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template
 
@@ -114,6 +114,7 @@ def session_sandbox_root(prefix: str) -> Iterator[Path]:
             os.waitpid(pid, 0)  # our child (started by the runtime's ensure_daemon): reap it
         except (ProcessLookupError, ChildProcessError):
             pass
+    lxcfs.stop(root)
     cg: Any = rt.cgroups
     for parent in list(cg.roots.values()) if cg.version == 1 else [cg.root]:
         try:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2bfacade.runtime.base import SandboxInfo, SandboxState
+from e2bfacade.runtime.local import lxcfs
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
 from e2bfacade.runtime.local.driver import LocalRuntime
 from e2bfacade.runtime.local.net import network, roots
@@ -101,6 +102,7 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
         # Given up: no later process of this root sets its network up again by itself.
         network.save_config(runtime.layout, None)
         _stop_daemons(root)
+        lxcfs.stop(root)
         parents = _cgroup_parents(runtime.cgroups)
         _remove_groups(parents)
         roots.release_ids(root)  # unless a sandbox is left, or a service still runs
