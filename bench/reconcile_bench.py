@@ -43,10 +43,10 @@ def child(count: int, ticks: int) -> None:
     from e2bfacade.runtime.base import MIN_DISK_MB, SandboxSpec
     from e2bfacade.sandbox_runtime import get_runtime
     from sandboxes.models import Sandbox, new_sandbox_id
-    from sandboxes.worker import make_room_for_the_census, sandbox_reconcile
+    from sandboxes.worker import raise_open_files_limit, sandbox_reconcile
     from templates.models import Template
 
-    make_room_for_the_census()  # as run_worker does
+    raise_open_files_limit()  # as run_worker does
     runtime = get_runtime()
     team = Team.objects.order_by("pk").first()
     template = Template.objects.get(pk="base")

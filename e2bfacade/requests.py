@@ -22,7 +22,7 @@ def team_of(request: Request) -> Team:
     return user.team
 
 
-def body(request: Request) -> dict[str, Any]:
+def json_body(request: Request) -> dict[str, Any]:
     """The JSON body; an absent body counts as ``{}`` (several E2B bodies are optional),
     anything but an object is a 400."""
     data = request.data

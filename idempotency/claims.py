@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, cast
 
 from django.conf import settings
@@ -87,9 +88,18 @@ def request_matches(record: IdempotencyRecord, op: Operation, fp_for: Fingerprin
 
 
 # ------------------------------------------------------------------------------- claim
+class ClaimKind(StrEnum):
+    EXECUTE = "execute"
+    REPLAY = "replay"
+    MISMATCH = "mismatch"
+    IN_PROGRESS = "in_progress"
+    UNKNOWN = "unknown"
+    DONE = "done"
+
+
 @dataclass
 class Claim:
-    kind: str  # "execute" | "replay" | "mismatch" | "in_progress" | "unknown" | "done"
+    kind: ClaimKind
     record: IdempotencyRecord | None = None
     result: Result | None = None
     reserved: Any = None  # a new claim's: what op.reserve returned
@@ -222,32 +232,32 @@ def _claim_existing(
     if record is None:
         # Gone since our insert lost to it (its original released it, or a purge): the
         # caller reads again and claims afresh, as for any request still in progress.
-        return Claim("in_progress")
+        return Claim(ClaimKind.IN_PROGRESS)
     if record.expires_at <= now:
         # Past retention: the key may create anew. The old resource stays as it is.
         record.delete()
         return claim_new()
     if not request_matches(record, op, fp_for):
         observability.idempotency_event("mismatch")
-        return Claim("mismatch", record)
+        return Claim(ClaimKind.MISMATCH, record)
     if record.state == State.COMPLETED:
         observability.idempotency_event("replay")
-        return Claim("replay", record, stored_result(record))
+        return Claim(ClaimKind.REPLAY, record, stored_result(record))
     if owner_is_alive(record, now):
-        return Claim("in_progress", record)
+        return Claim(ClaimKind.IN_PROGRESS, record)
     if record.attempt >= settings.IDEMPOTENCY_MAX_ATTEMPTS:
         observability.idempotency_event("unknown_outcome")
-        return Claim("unknown", record)
+        return Claim(ClaimKind.UNKNOWN, record)
     # Take over: the previous owner is gone. Same resource id, next attempt.
     if not advisory_try_lock(record.pk):
-        return Claim("in_progress", record)  # someone else got it first
+        return Claim(ClaimKind.IN_PROGRESS, record)  # someone else got it first
     record.lease_owner = owner
     record.lease_expires_at = lease_expires_at(now)
     record.attempt += 1
     record.save(update_fields=["lease_owner", "lease_expires_at", "attempt"])
     logger.info("idempotency: took over %s attempt %d", record.pk, record.attempt)
     observability.idempotency_event("takeover")
-    return Claim("execute", record)
+    return Claim(ClaimKind.EXECUTE, record)
 
 
 def _claim_new(
@@ -263,7 +273,7 @@ def _claim_new(
     record with that error."""
     observability.idempotency_event("executed")
     if op.reserve is None:
-        return Claim("execute", record)
+        return Claim(ClaimKind.EXECUTE, record)
     try:
         # No savepoint: a reserve raises ApiError only before it writes (registry).
         reserved = op.reserve(team, params, body, record.resource_id)
@@ -274,10 +284,10 @@ def _claim_new(
             # A limit, not an answer: forget the key (this transaction made the record),
             # so the same key may try again once the limit allows.
             record.delete()
-            return Claim("done", None, result)
+            return Claim(ClaimKind.DONE, None, result)
         _store(record, result, now)
-        return Claim("done", record, result)
-    return Claim("execute", record, reserved=reserved)
+        return Claim(ClaimKind.DONE, record, result)
+    return Claim(ClaimKind.EXECUTE, record, reserved=reserved)
 
 
 # ---------------------------------------------------------------------------- complete

@@ -27,7 +27,13 @@ from django.utils import timezone
 from e2bfacade import observability
 from e2bfacade.errors import ApiError, BadRequest, ServiceUnavailable
 from e2bfacade.models import Team
-from idempotency.claims import claim_execute, key_claim, operation_run, request_matches
+from idempotency.claims import (
+    ClaimKind,
+    claim_execute,
+    key_claim,
+    operation_run,
+    request_matches,
+)
 from idempotency.fingerprint import fingerprint
 from idempotency.leases import owner_is_alive
 from idempotency.models import IdempotencyRecord
@@ -169,17 +175,17 @@ def run(
                 time.sleep(0.02)
                 continue
         claim = key_claim(team, key, op, fp_for, params, body, owner)
-        if claim.kind == "execute":
+        if claim.kind is ClaimKind.EXECUTE:
             assert claim.record is not None
             return claim_execute(
                 op, team, params, body, claim.record, owner, claim.reserved
             ).to_response()
-        if claim.kind in ("replay", "done"):
+        if claim.kind in (ClaimKind.REPLAY, ClaimKind.DONE):
             assert claim.result is not None
             return claim.result.to_response()
-        if claim.kind == "mismatch":
+        if claim.kind is ClaimKind.MISMATCH:
             return _mismatch_response()
-        if claim.kind == "unknown":
+        if claim.kind is ClaimKind.UNKNOWN:
             assert claim.record is not None
             return error_result(
                 ApiError(

@@ -12,7 +12,7 @@ from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from e2bfacade.requests import body, team_of
+from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
@@ -44,7 +44,7 @@ class SandboxViewSet(viewsets.ViewSet):
     def _create(
         self, request: Request, serializer_class: type[NewSandboxSerializer], route: str
     ) -> Any:
-        serializer = serializer_class(data=body(request))
+        serializer = serializer_class(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         # Admission reads the host's capacity inside the reserve transaction; the first read
         # in a process builds the runtime (disk, cgroups): do that here, outside it.
@@ -126,7 +126,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={200: SandboxSerializer, 201: SandboxSerializer, **errors(400, 404, 409, 503)},
     )
     def connect(self, request: Request, sandbox_id: str) -> Response:
-        serializer = ConnectSerializer(data=body(request))
+        serializer = ConnectSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         sandbox, resumed = services.sandbox_connect(
             team=team_of(request),
@@ -145,7 +145,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={201: SandboxSerializer, **errors(400, 404, 409, 503)},
     )
     def resume(self, request: Request, sandbox_id: str) -> Response:
-        serializer = ResumeSerializer(data=body(request))
+        serializer = ResumeSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         sandbox = services.sandbox_resume(
             team=team_of(request),
@@ -161,7 +161,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={204: None, **errors(400, 404, 409, 503)},
     )
     def update_network(self, request: Request, sandbox_id: str) -> Response:
-        serializer = NetworkUpdateSerializer(data=body(request))
+        serializer = NetworkUpdateSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         services.sandbox_update_network(
@@ -178,7 +178,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={204: None, **errors(400, 404, 409, 503)},
     )
     def pause(self, request: Request, sandbox_id: str) -> Response:
-        serializer = PauseSerializer(data=body(request))
+        serializer = PauseSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         memory = serializer.validated_data.get("memory") is not False  # E2B's default: full
         services.sandbox_pause(team=team_of(request), sandbox_id=sandbox_id, memory=memory)
@@ -190,7 +190,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={204: None, **errors(400, 404)},
     )
     def set_timeout(self, request: Request, sandbox_id: str) -> Response:
-        serializer = TimeoutBodySerializer(data=body(request))
+        serializer = TimeoutBodySerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         services.sandbox_set_timeout(
             team=team_of(request),
@@ -205,7 +205,7 @@ class SandboxViewSet(viewsets.ViewSet):
         responses={204: None, **errors(400, 404)},
     )
     def refresh(self, request: Request, sandbox_id: str) -> Response:
-        serializer = RefreshSerializer(data=body(request))
+        serializer = RefreshSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         services.sandbox_refresh(
             team=team_of(request), sandbox_id=sandbox_id, duration=serializer.duration_or_default()

@@ -144,7 +144,7 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
     return recovered
 
 
-def make_room_for_the_census() -> None:
+def raise_open_files_limit() -> None:
     """Raise this process's open-files limit (to its hard limit, at most 65 536): the
     reconcile's census keeps a pidfd per live sandbox (the local runtime's InitWatch), and
     the soft limit (often 1 024) would leave it checking the rest one by one."""

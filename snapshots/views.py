@@ -10,7 +10,7 @@ from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from e2bfacade.requests import body, team_of
+from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from snapshots import idempotent, selectors
@@ -31,7 +31,7 @@ class SnapshotViewSet(viewsets.ViewSet):
         responses={201: SnapshotInfoSerializer, **errors(400, 404, 409, 422, 503)},
     )
     def create(self, request: Request, sandbox_id: str) -> Any:
-        serializer = SnapshotRequestSerializer(data=body(request))
+        serializer = SnapshotRequestSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         canonical = {"name": serializer.validated_data.get("name")}
         return idempotency.run(
@@ -68,7 +68,7 @@ class SnapshotViewSet(viewsets.ViewSet):
         responses={201: ForkResultSerializer(many=True), **errors(400, 404, 409, 422, 503)},
     )
     def fork(self, request: Request, sandbox_id: str) -> Any:
-        serializer = ForkRequestSerializer(data=body(request))
+        serializer = ForkRequestSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         return idempotency.run(
             request,

@@ -48,7 +48,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.stopping = False
-        worker.make_room_for_the_census()
+        worker.raise_open_files_limit()
 
         def stop(signum: int, frame: FrameType | None) -> None:
             # Finish the tick in progress, then exit: a half-applied step is never left.
