@@ -36,7 +36,7 @@ def test_a_filesystem_pause_ends_the_processes_keeps_the_files_and_a_resume_cold
 ) -> None:
     spec = SandboxSpec(sandbox_id, "base", hostname="keeper", envd_access_token="tok-1")
     first = runtime.create(spec)
-    ok(runtime, sandbox_id, "echo kept > /home/user/marker && sleep 600 >/dev/null 2>&1 &")
+    ok(runtime, sandbox_id, "echo kept > /home/user/marker; sleep 600 >/dev/null 2>&1 &")
 
     runtime.pause(sandbox_id, memory=False)
 
