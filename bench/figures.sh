@@ -8,7 +8,7 @@
 #   bash bench/figures.sh [OUT]      # OUT defaults to bench/figures-<date>.txt
 #   FIGURES_RUNS=3 bash bench/figures.sh [OUT]   # three runs: OUT-run1.txt ... OUT-run3.txt
 #
-# Then it rewrites the README's table of issue 14's targets from the FIGURE lines of the
+# Then it rewrites the README's table of the hot path's targets from the FIGURE lines of the
 # run(s), each figure the median over the runs (bench/readme_table.py): this machine's speed
 # drifts by up to a half between runs, so several runs give the steadier table. The other
 # tables are transcribed from such files, each naming the command it came from.

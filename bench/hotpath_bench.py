@@ -10,7 +10,7 @@ In each round the rate-limit table is switched between PostgreSQL's ``UNLOGGED``
 migration's choice) and a logged table, and every combination is measured, one request of
 each in turn, so the machine's drift falls on all alike. Two requests: ``GET
 /v2/sandboxes?limit=1`` (a team with one sandbox) and the replay of a stored keyed create.
-Issue 14's target for the replay: p50 <= 3 ms.
+The hot path's target for the replay: p50 <= 3 ms.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the server's runtime) and one server without the lifecycle worker: the sandboxes
 written straight into the database (a tenth of them killed, a seventh paused, the rest
 running), which the worker would reconcile away, since no runtime holds them. At each size
 the index is dropped and made again, and requests with and without it alternate; then the
-v1 list (``GET /sandboxes``: every running sandbox, no paging) is timed. Issue 14's
+v1 list (``GET /sandboxes``: every running sandbox, no paging) is timed. The hot path's
 targets: the v2 page's p50 at 10 000 live sandboxes <= 1.5 x its value at 100; the v1 list
 at 10 000 <= 50 ms.
 """

@@ -5,7 +5,7 @@
 
 1. Runtime create and kill, with networking (a veth pair, rules, resolv.conf) and without,
    side by side in one run, cold (150 ms apart, as interactive creates arrive) and back to
-   back: medians and p99s, and the difference (issue 12's budget: setup ≤ 3 ms added to
+   back: medians and p99s, and the difference (networking's budget: setup ≤ 3 ms added to
    create's p50, teardown ≤ 2 ms); then a burst of creates with no kill between them.
 2. TCP throughput from a sandbox to a host of the test internet (1 GiB, three runs; budget
    ≥ 1 Gbit/s).

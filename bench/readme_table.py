@@ -1,4 +1,4 @@
-"""Write the README's table of issue 14's targets from ``bench/figures.sh`` runs.
+"""Write the README's table of the hot path's targets from ``bench/figures.sh`` runs.
 
     .venv/bin/python bench/readme_table.py RUN.txt [RUN.txt ...] [--readme README.md]
 
@@ -124,7 +124,7 @@ def parse(*texts: str) -> Figures:
 def table(figures: Figures, source: str) -> str:
     lines = [
         f"{BEGIN} (written by bench/readme_table.py from {source}; do not edit) -->",
-        "| issue 14's target | PostgreSQL | SQLite | |",
+        "| hot-path target | PostgreSQL | SQLite | |",
         "|---|---|---|---|",
     ]
     for row in ROWS:

@@ -218,10 +218,12 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         )
         await send({"type": "http.response.body", "body": b""})
         return
-    caller = Caller(sandbox, basic_user(headers))
     if path == "/files":
-        await files(scope, receive, send, caller)
+        # The user of /files is its ``username`` parameter (which a signed URL's signature
+        # covers), never the Authorization header: files.files_user.
+        await files(scope, receive, send, Caller(sandbox, None))
         return
+    caller = Caller(sandbox, basic_user(headers))
     if not token_ok(sandbox, header(headers, b"x-access-token")):
         await _deny(send, 401, UNAUTHORIZED)
         return

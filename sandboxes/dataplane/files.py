@@ -99,6 +99,14 @@ def authorize(
         raise FilesError(401, "signature is already expired")
 
 
+def files_user(query: dict[str, str]) -> str | None:
+    """The guest user a ``/files`` request acts as: its ``username`` query parameter, or
+    the sandbox's default user without one. Never the ``Authorization`` header, as in
+    envd, whose ``/files`` reads no such header: the signature of a signed URL covers the
+    ``username`` parameter, so a header added to the URL must not act as another user."""
+    return query.get("username") or None
+
+
 def query_of(scope: dict[str, Any]) -> dict[str, str]:
     parsed = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
     return {k: v[0] for k, v in parsed.items()}
@@ -123,7 +131,7 @@ async def respond(
 async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
     query = query_of(scope)
     path = query.get("path", "")
-    user = query.get("username") or caller.user
+    user = files_user(query)
     sandbox_id = caller.sandbox.sandbox_id
     runtime = get_runtime()
     try:
@@ -289,7 +297,7 @@ def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[
     """On a thread: write every file of the body; the answer's list."""
     headers = scope["headers"]
     query = query_of(scope)
-    user = query.get("username") or caller.user
+    user = files_user(query)
     content_type, options = parse_options_header(header(headers, b"content-type") or "")
     metadata = metadata_of(headers)
     chunks = iter(body)

@@ -1,4 +1,4 @@
-"""How many SQL statements the hot requests make (issue 14): a regression here is a
+"""How many SQL statements the hot requests make (the hot path's budget): a regression here is a
 round trip added to every create or replay. Counted with Django's query capture through
 the real views and the real runtime. Inside the test's own transaction each ``atomic``
 block shows as a SAVEPOINT and its RELEASE, as BEGIN and COMMIT cost in production.
