@@ -26,7 +26,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,21 +154,28 @@ class PortHeld(Exception):
     """A port the service must listen on is held by another process (the message names it)."""
 
 
-def wait_port_free(host: str, port: int, what: str, seconds: float) -> None:
+def wait_port_free(
+    host: str, port: int, what: str, seconds: float, report: Callable[[str], None]
+) -> None:
     """Return once ``host:port`` can be bound, waiting up to ``seconds`` for its holder to
-    go (an earlier instance still finishing its requests); else raise :class:`PortHeld`
-    naming the holder. An address that cannot be bound for another reason is left for the
-    server to report."""
+    go (an earlier instance still finishing its requests; ``report`` is told who, once);
+    else raise :class:`PortHeld` naming the holder. An address that cannot be bound for
+    another reason is left for the server to report."""
     deadline = time.monotonic() + seconds
+    reported = False
     try:
         while not port_free(host, port):
-            if time.monotonic() >= deadline:
-                holders = port_holders(host, port)
-                by = ", ".join(map(str, holders)) or "a process not visible from here"
+            over = time.monotonic() >= deadline
+            if reported and not over:
+                time.sleep(0.1)
+                continue
+            by = ", ".join(map(str, port_holders(host, port))) or "a process not visible here"
+            if over:
                 raise PortHeld(
                     f"{host}:{port} ({what}) is in use by {by}: stop it, or choose another address"
                 )
-            time.sleep(0.1)
+            report(f"{host}:{port} ({what}) is in use by {by}; waiting up to {seconds:g} s")
+            reported = True
     except OSError:
         return
 

@@ -93,7 +93,7 @@ class Command(BaseCommand):
             (sandbox_host, sandbox_port, "--sandbox-bind"),
         ):
             try:
-                supervision.wait_port_free(bound, port_of, what, options["port_wait"])
+                supervision.wait_port_free(bound, port_of, what, options["port_wait"], self._report)
             except supervision.PortHeld as exc:
                 raise CommandError(str(exc)) from None
         children: dict[str, subprocess.Popen[bytes]] = {}
@@ -189,6 +189,9 @@ class Command(BaseCommand):
         self._discard_work_ahead()
         if failed is not None or (not stopping and children):
             raise CommandError(f"the {failed or 'api'} process exited; stopped the rest")
+
+    def _report(self, message: str) -> None:
+        self.stderr.write(f"[serve] {message}")
 
     def _discard_work_ahead(self) -> None:
         """End the runtime's parked launchers and pooled disks (their mounts and loop
