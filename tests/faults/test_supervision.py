@@ -78,6 +78,7 @@ class Serve:
         self.log_path = deployment.tmp / "serve.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._log_from = 0
+        self.sessions: list[int] = []  # of every serve started: the cleanup ends theirs
 
     def start(self, *extra: str) -> subprocess.Popen[bytes]:
         self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -93,6 +94,7 @@ class Serve:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its session: the service's processes, no helper
             )
+        self.sessions.append(self.process.pid)
         return self.process
 
     def output(self) -> str:
@@ -109,13 +111,18 @@ class Serve:
             assert self.process.poll() is None, f"serve exited at start:\n{self.output()}"
             assert time.monotonic() < deadline, f"serve not up:\n{self.output()}"
             time.sleep(0.05)
+        while not all(holders := [self.holders(p) for p in (self.port, self.sandbox_port)]):
+            assert time.monotonic() < deadline, f"serve not listening:\n{self.output()}"
+            time.sleep(0.05)
         ours = supervision.descendants(self.process.pid)
-        for port in (self.port, self.sandbox_port):
-            holders = {h.pid for h in supervision.port_holders("127.0.0.1", port)}
-            assert holders and holders <= ours, (port, holders, ours)
+        assert all(h <= ours for h in holders), (holders, ours)
         assert httpx.get(f"{self.url}/health", timeout=10).status_code == 200
         # No sandbox named: the data plane's 400 says it is up.
         assert httpx.get(f"{self.sandbox_url}/health", timeout=10).status_code == 400
+
+    @staticmethod
+    def holders(port: int) -> set[int]:
+        return {h.pid for h in supervision.port_holders("127.0.0.1", port)}
 
     def running(self) -> Serve:
         if self.process is None or self.process.poll() is not None:
@@ -156,6 +163,15 @@ class Serve:
             os.killpg(self.process.pid, signal.SIGKILL)  # the session it was started in
             self.process.wait(timeout=10)
 
+    def kill_leftovers(self) -> None:
+        """SIGKILL whatever still runs in the sessions of the serves started here (a test
+        that failed may leave some): the service's processes, never the runtime's."""
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            stat = _stat(pid)
+            if stat is not None and int(stat[3]) in self.sessions:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
 
 def wait_released(old: list[Proc], ports: tuple[int, ...]) -> None:
     """Until no process of ``old`` listens on ``ports``, then until all are gone."""
@@ -192,6 +208,7 @@ def service(deployment: Deployment) -> Iterator[Serve]:
         yield serve
     finally:
         serve.stop()
+        serve.kill_leftovers()
 
 
 @pytest.fixture(scope="module")
