@@ -29,7 +29,14 @@ import pytest
 from e2b import Sandbox
 
 from e2bfacade import supervision
-from tests.support.live_server import REPO, Deployment, free_port, suite_database_url
+from tests.support.live_server import (
+    REPO,
+    Deployment,
+    Server,
+    ServerError,
+    free_port,
+    suite_database_url,
+)
 
 START_SECONDS = 60
 # Generous against what it takes (well under a second: the kernel's parent-death signal,
@@ -374,3 +381,16 @@ def test_a_start_on_a_port_held_past_the_wait_fails_naming_the_holder(service: S
     assert holder in output and "[serve] API" not in output
     # Nothing was started: the API's port is free.
     assert supervision.port_free("127.0.0.1", service.port)
+
+
+def test_a_live_server_is_not_up_while_another_process_answers_on_its_port(
+    deployment: Deployment,
+) -> None:
+    # The suite's own servers (tests/support/live_server.py) must not take an orphan's
+    # answers for theirs either.
+    server = Server(deployment.env, deployment.tmp / "held.log", workers=1)
+    try:
+        with answering(server.port), pytest.raises(ServerError, match="gunicorn exited"):
+            server.start()
+    finally:
+        server.stop()
