@@ -45,7 +45,9 @@ def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> bool:
     The setting survives ``exec`` and is cleared in the children of a fork, so the runtime's
     helpers that a worker starts never get it. It follows the parent *thread* that forked:
     every caller here forks from its main thread."""
-    if _libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+    # prctl is variadic: its arguments are unsigned longs, given as such.
+    args = (ctypes.c_ulong(signum), *(ctypes.c_ulong(0) for _ in range(3)))
+    if _libc.prctl(PR_SET_PDEATHSIG, *args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     return os.getppid() == parent
