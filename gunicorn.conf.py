@@ -70,3 +70,15 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
 def on_exit(server):  # type: ignore[no-untyped-def]
     if os.environ.get("E2BFACADE_OWN_METRICS_DIR"):
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    # A master that dies (SIGKILL, the OOM killer) takes its workers with it. A sync worker
+    # notices a new parent only between waits of up to half the timeout (30 s), meanwhile
+    # answering on the port and holding it against the next start. Here, with the worker's
+    # own handlers in place, SIGTERM makes it finish its request and exit; a master already
+    # gone before the request was made ends it the same way.
+    from e2bfacade.supervision import die_with_parent
+
+    if not die_with_parent(worker.ppid):
+        worker.alive = False

@@ -530,6 +530,12 @@ class Runtime(Protocol):
         whose pool was turned off or made smaller, one deleted or changed since)."""
         ...
 
+    def discard_spares(self) -> None:
+        """End the work done ahead for creates (spare launchers, pooled disks, pool
+        sandboxes), for a service that stops: nothing of it is left on the host, and every
+        sandbox stays. The next use fills the pools again."""
+        ...
+
     def guest(self, sandbox_id: str) -> Guest:
         """The running sandbox's guest side, resolved once (:mod:`.guest`): raises
         SandboxNotFound, or RuntimeConflict when it is not running."""

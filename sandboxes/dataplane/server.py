@@ -22,6 +22,8 @@ from typing import Any
 import uvicorn
 import uvicorn.protocols.http.h11_impl
 
+from e2bfacade.supervision import exit_with_parent
+
 
 def listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -80,13 +82,21 @@ def main(host: str, port: int, workers: int) -> int:
         serve(sock)
         return 0
     children = []
+    master = os.getpid()
     for _ in range(workers):
         pid = os.fork()
         if pid == 0:
+            # A master that dies (SIGKILL, the OOM killer) takes its workers with it: left
+            # running, they would go on answering on the port and hold it against the next
+            # start. SIGTERM: they stop listening at once and finish their streams.
+            exit_with_parent(master)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             serve(sock)
             os._exit(0)
         children.append(pid)
+    # The workers listen; the master only waits for them. Its copy of the socket closed,
+    # the port is free as soon as the workers are gone, while it still waits on them.
+    sock.close()
 
     def stop(signum: int, frame: object) -> None:
         for child in children:

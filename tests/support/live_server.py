@@ -35,6 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from e2bfacade import supervision
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # live_server()'s SANDBOX_MAX_TIMEOUT_SECONDS: small, so that "over the maximum" is cheap.
@@ -380,6 +382,14 @@ class Server:
                 # Sandbox connections to named domains go through the egress proxy only
                 # while it listens (else their CIDR rules judge them): wait for it.
                 if self.egress is not None and not listening(self.egress.pid):
+                    time.sleep(0.05)
+                    continue
+                # Answered by the processes started here, not by an orphan of an earlier
+                # start that still holds the port (e2bfacade/supervision.py).
+                if not (
+                    supervision.serves(self.process.pid, "127.0.0.1", self.port)
+                    and supervision.serves(self.dataplane.pid, "127.0.0.1", self.sandbox_port)
+                ):
                     time.sleep(0.05)
                     continue
                 if (
