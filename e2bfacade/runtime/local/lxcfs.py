@@ -16,7 +16,9 @@ guests see the kernel's own files, as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 import subprocess
@@ -53,37 +55,66 @@ def _live(mount: Path) -> bool:
 def ensure(root: Path, timeout: float = 10.0) -> Path | None:
     """The live lxcfs mount of the runtime root ``root``, started once and then shared by
     its sandboxes (and adopted by the next runtime on the same root); None when lxcfs is
-    not installed or cannot mount here."""
+    not installed or cannot mount here. Serialised per root (a lock file): two launches that
+    found it dead at once would otherwise start two, one mounted over the other."""
     mount = root / "lxcfs"
     if _live(mount):
         return mount
     binary = shutil.which("lxcfs")
     if binary is None:
         return None
-    _libc.umount2(os.fsencode(mount), MNT_DETACH)  # a dead one's mount, if any
-    mount.mkdir(mode=0o755, exist_ok=True)
-    # -l: loadavg per cgroup; --enable-cfs: the CPUs its quota gives. In a session of its
-    # own, so it outlives this process as sandboxd does.
-    subprocess.Popen(
-        [binary, "-l", "--enable-cfs", "--enable-pidfd", "-p", str(root / "lxcfs.pid"), str(mount)],
-        env=build.CLEAN_ENV,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    with open(root / "lxcfs.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if _live(mount):
-            return mount
-        time.sleep(0.05)
+            return mount  # started by whoever held the lock
+        _end(mount)  # a dead one's mount and process, if any
+        mount.mkdir(mode=0o755, exist_ok=True)
+        # -l: loadavg per cgroup; --enable-cfs: the CPUs its quota gives. In a session of
+        # its own, so it outlives this process as sandboxd does.
+        subprocess.Popen(
+            [
+                binary,
+                "-l",
+                "--enable-cfs",
+                "--enable-pidfd",
+                "-p",
+                str(root / "lxcfs.pid"),
+                str(mount),
+            ],
+            env=build.CLEAN_ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _live(mount):
+                return mount
+            time.sleep(0.05)
     return None
+
+
+def _end(mount: Path) -> None:
+    """Unmount every lxcfs stacked on ``mount`` and kill every lxcfs serving it (found by
+    its command line: the pid file names only the last one started)."""
+    for _ in range(16):  # until nothing is mounted there (EINVAL); a dead one too
+        if _libc.umount2(os.fsencode(mount), MNT_DETACH) != 0:
+            break
+    target = os.fsencode(mount)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"lxcfs") and target in argv:
+            # It keeps serving after a SIGTERM while a sandbox still holds a bind of it.
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), 9)
 
 
 def stop(root: Path) -> None:
     """End the lxcfs of ``root`` and unmount it (a runtime root being deleted)."""
-    _libc.umount2(os.fsencode(root / "lxcfs"), MNT_DETACH)
-    try:  # it keeps serving after a SIGTERM while a sandbox still holds a bind of it
-        os.kill(int((root / "lxcfs.pid").read_text()), 9)
-    except (OSError, ValueError):
-        pass
+    _end(root / "lxcfs")
