@@ -33,7 +33,7 @@ from e2bfacade.runtime.base import (
     Stream,
     WatcherChanges,
 )
-from e2bfacade.runtime.local.files import Account
+from e2bfacade.runtime.local.guest.accounts import Account
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_FRAME = (1 << 20) + 64
