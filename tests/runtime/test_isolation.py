@@ -314,7 +314,7 @@ def test_file_operations_refuse_the_guests_kernel_interfaces(
 
 
 def test_a_reused_init_pid_never_opens_the_hosts_root(runtime: LocalRuntime, running: str) -> None:
-    from e2bfacade.runtime.local.files import SandboxGone, open_guest_root
+    from e2bfacade.runtime.local.guest.syscalls import SandboxGone, open_guest_root
 
     info = runtime.status(running)
     with pytest.raises(SandboxGone):  # the right pid, the wrong process start time

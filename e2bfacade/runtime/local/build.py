@@ -1,4 +1,5 @@
-"""Builds and starts ``sandboxd``, the runtime's privileged C helper (see sandboxd.c).
+"""Builds and starts ``sandboxd``, the runtime's privileged C helper (launcher/c/: the
+launcher daemon, see daemon.c, and the guest agent, see agent_conn.c).
 
 The binary is named after a hash of its source, and so is the daemon's socket: after an
 upgrade the new binary starts a daemon of its own while the old one keeps reaping the
@@ -20,10 +21,11 @@ from pathlib import Path
 from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local import seccomp
 
-SOURCE = Path(__file__).with_name("sandboxd.c")
-# Compiled together into one static binary; all of them (and the header) name it.
-SOURCES = (SOURCE, SOURCE.with_name("agent.c"), SOURCE.with_name("net.c"))
-HEADERS = (SOURCE.with_name("sandboxd.h"),)
+SOURCE_DIR = Path(__file__).with_name("launcher") / "c"
+# Every C file of the folder is compiled together into one static binary, and all of them
+# (and the headers) name it: a file added there can be neither left out nor left unhashed.
+SOURCES = tuple(sorted(SOURCE_DIR.glob("*.c")))
+HEADERS = tuple(sorted(SOURCE_DIR.glob("*.h")))
 
 
 # The only environment sandboxd and the helpers it runs get.

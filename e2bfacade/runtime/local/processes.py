@@ -1,8 +1,8 @@
-"""Processes inside a local sandbox, run by its guest agent (agent.c): a process of the
-sandbox's own that starts commands under a shepherd (the subreaper of everything the command
-starts, killed as a tree when its lifetime ends), fans their output out to every follower
-and holds them across restarts of the service. The host speaks to it on the unix socket
-``sandboxes/<id>/agent.sock``, one request per connection.
+"""Processes inside a local sandbox, run by its guest agent (launcher/c/agent_*.c): a
+process of the sandbox's own that starts commands under a shepherd (the subreaper of
+everything the command starts, killed as a tree when its lifetime ends), fans their output
+out to every follower and holds them across restarts of the service. The host speaks to it
+on the unix socket ``sandboxes/<id>/agent.sock``, one request per connection.
 
 The agent runs as the guest's root and the guest may kill or confuse it: everything read
 from it is bounded (a frame is at most :data:`MAX_FRAME` bytes) and checked.
@@ -33,7 +33,7 @@ from e2bfacade.runtime.base import (
     Stream,
     WatcherChanges,
 )
-from e2bfacade.runtime.local.files import Account
+from e2bfacade.runtime.local.guest.accounts import Account
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_FRAME = (1 << 20) + 64
@@ -371,7 +371,7 @@ class AgentProcess:
 
 
 def start_items(account: Account, spec: ProcessSpec, env: dict[str, str], cwd: str) -> list[str]:
-    """The agent's start request for ``spec`` run as ``account`` (see agent.c)."""
+    """The agent's start request for ``spec`` run as ``account`` (see launcher/c/agent_proc.c)."""
     items = [f"uid={account.uid}", f"gid={account.gid}", f"cwd={cwd}"]
     if spec.stdin:
         items.append("stdin=1")
@@ -405,7 +405,7 @@ def process_env(account: Account, sandbox_env: dict[str, str], spec: ProcessSpec
     return env
 
 
-# The agent's bound on a builtin read (agent.c's READ_MAX), and the read's lifetime: a file
+# The agent's bound on a builtin read (agent.h READ_MAX), and the read's lifetime: a file
 # of /proc or /sys that gives more, or takes longer, is no file a user reads whole.
 READ_MAX = 1 << 20
 READ_LIFETIME_MS = 10_000

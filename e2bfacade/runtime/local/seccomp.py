@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 PROFILE = Path("/usr/share/containers/seccomp.json")
-# The capabilities a guest may hold (sandboxd.c, kept_caps): rules the profile grants only
+# The capabilities a guest may hold (launcher/c/init.c, kept_caps): rules the profile grants only
 # with one of these apply; rules it grants only without them do not.
 GUEST_CAPS = {
     "CAP_CHOWN",

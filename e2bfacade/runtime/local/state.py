@@ -13,7 +13,7 @@ Layout::
     ids/<slot>                the id range <slot> is held by the sandbox named inside
     ids/block.json            the root's block of host ids (see below; roots.py claims it)
     locks/<kind>-<nn>.lock    per-id serialisation across threads and processes
-    run/sandboxd-*.sock       the launcher/reaper daemon (see sandboxd.c)
+    run/sandboxd-*.sock       the launcher/reaper daemon (see launcher/c/daemon.c)
 """
 
 from __future__ import annotations

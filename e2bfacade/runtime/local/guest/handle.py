@@ -24,7 +24,9 @@ from e2bfacade.runtime.base import (
     SandboxInfo,
     WatcherChanges,
 )
-from e2bfacade.runtime.local.files import GuestFiles, KernelFile, lookup_user, open_guest_root
+from e2bfacade.runtime.local.guest.accounts import lookup_user
+from e2bfacade.runtime.local.guest.files import GuestFiles, KernelFile
+from e2bfacade.runtime.local.guest.syscalls import open_guest_root
 from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.processes import (
     Agent,

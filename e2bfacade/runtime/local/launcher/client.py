@@ -1,4 +1,4 @@
-"""The runtime's side of sandboxd's wire (sandboxd.c's header states it): a launch request
+"""The runtime's side of sandboxd's wire (launcher/c/launch.c's header states it): a launch request
 is NUL-separated ``key=value`` items ended by an empty one; the answer is one line, ``OK
 <init pid>`` (a spare launcher: ``OK <init pid> <its own pid>``) or ``ERR <step>: <why>``."""
 

@@ -16,7 +16,7 @@ import socket
 import threading
 
 from e2bfacade.runtime.base import GuestFileError
-from e2bfacade.runtime.local.files import open_init
+from e2bfacade.runtime.local.guest.syscalls import open_init
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUTS = 0x04000000

@@ -44,7 +44,7 @@ from e2bfacade.runtime.base import (
     SandboxState,
     StartCommand,
 )
-from e2bfacade.runtime.local.files import GuestFiles
+from e2bfacade.runtime.local.guest.files import GuestFiles
 from e2bfacade.runtime.local.guest.start import GUEST_ENV_FILE
 from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.record import LocalSandboxInfo

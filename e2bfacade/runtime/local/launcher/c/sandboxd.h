@@ -1,4 +1,4 @@
-/* What sandboxd.c and agent.c share (one static binary; see build.py). */
+/* What the launcher and the guest agent share (one static binary; see build.py). */
 #ifndef SANDBOXD_H
 #define SANDBOXD_H
 
@@ -11,7 +11,7 @@ void set_title(const char *title);
 /* Bind and listen on the unix socket PATH (relative to the working directory); -1 on error. */
 int agent_listen(const char *path);
 
-/* The guest agent: serves the host on LISTEN_FD (see agent.c). Never returns. */
+/* The guest agent: serves the host on LISTEN_FD (see agent_conn.c). Never returns. */
 void agent_main(int listen_fd) __attribute__((noreturn));
 
 /* Give the sandbox whose init is INIT its veth pair (see net.c); -1 with ERR set on error. */

@@ -6,64 +6,29 @@ and so is any operation on the guest's procfs, sysfs or cgroupfs (they are the h
 kernel's). Every operation runs on a thread whose file-system ids are the guest user's
 (``setfsuid`` drops the host's file capabilities), so the kernel checks the user's
 permissions and what is created is owned by the user — the answers the user would get
-from inside. Guest accounts are read from the guest's own /etc/passwd and /etc/group.
+from inside. The system calls are in syscalls.py, the guest's accounts in accounts.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import errno
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from e2bfacade.runtime.base import (
-    EntryInfo,
-    FileType,
-    GuestFileError,
-    SandboxNotFound,
-    UnknownUser,
-)
+from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError
+from e2bfacade.runtime.local.guest.accounts import host_id, id_names, lookup_user, name_of
+from e2bfacade.runtime.local.guest.syscalls import as_guest_user, fs_type, open_guest_root, openat2
 
-# The guest's account files are read to resolve names; a larger one is refused, not read.
-MAX_ACCOUNT_FILE = 1 << 20
 MAX_DEPTH = 64  # the deepest list_dir
 
-# ------------------------------------------------------------------------ the syscalls
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-SYS_OPENAT2 = 437
-SYS_SETFSUID = 122
-SYS_SETFSGID = 123
-SYS_SETGROUPS = 116
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_IN_ROOT = 0x10
 # File systems a file operation must never touch, even inside the guest's tree: the
 # host's kernel interfaces (the guest's /proc, /sys and cgroupfs are the host kernel's).
 FORBIDDEN_FS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2"}
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-class _StatFs(ctypes.Structure):
-    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
-
-
-def _openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), 24)
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise GuestFileError(err, f"{path}: {os.strerror(err)}")
-    return int(fd)
-
 
 # Of those, the ones whose files a user may read in the guest, as on a machine of its own:
 # the host hands such a read to the guest (KernelFile).
@@ -87,159 +52,11 @@ def kernel_path(path: str) -> bool:
 
 
 def _check_fs(fd: int, path: str) -> None:
-    buf = _StatFs()
-    if _libc.fstatfs(fd, ctypes.byref(buf)) == 0 and buf.f_type in FORBIDDEN_FS:
-        fs = FORBIDDEN_FS[buf.f_type]
+    fs = FORBIDDEN_FS.get(fs_type(fd) or 0)
+    if fs is not None:
         if fs in GUEST_READABLE_FS:
             raise KernelFile(path, fs)
         raise GuestFileError(errno.EPERM, f"{path}: file operations on {fs} are refused")
-
-
-def _fs_ids(uid: int, gid: int) -> None:
-    # Raw syscalls: they change only the calling thread (glibc's wrappers would change
-    # every thread of the process). A non-zero fsuid clears the file capabilities.
-    _libc.syscall(SYS_SETGROUPS, 0, None)
-    _libc.syscall(SYS_SETFSGID, gid)
-    _libc.syscall(SYS_SETFSUID, uid)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-SYS_CAPGET, SYS_CAPSET = 125, 126
-CAP_VERSION_3 = 0x20080522
-# What guest root may do to its own files whoever owns them (its in-guest capabilities).
-ROOT_FILE_CAPS = (0, 1, 2, 3)  # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
-
-
-def _caps() -> tuple[_CapHeader, Any]:
-    header = _CapHeader(CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _libc.syscall(SYS_CAPGET, ctypes.byref(header), data)
-    return header, data
-
-
-@contextlib.contextmanager
-def as_guest_user(uid: int, gid: int, *, guest_root: bool) -> Iterator[None]:
-    """File-system ids of host ``uid``/``gid`` for the calling thread, restored afterwards.
-    A non-zero fsuid drops the host's file capabilities; for the guest's root, the file
-    capabilities it holds inside its own namespace are raised again (for this thread only:
-    raw capset), since every path is resolved inside the guest's tree."""
-    groups = os.getgroups()
-    header, saved = _caps()
-    _fs_ids(uid, gid)
-    try:
-        if guest_root:
-            _, data = _caps()
-            for cap in ROOT_FILE_CAPS:
-                data[0].effective |= 1 << cap
-            _libc.syscall(SYS_CAPSET, ctypes.byref(header), data)
-        yield
-    finally:
-        _libc.syscall(SYS_SETFSUID, 0)
-        _libc.syscall(SYS_SETFSGID, 0)
-        _libc.syscall(SYS_CAPSET, ctypes.byref(header), saved)
-        arr = (ctypes.c_uint * max(len(groups), 1))(*groups)
-        _libc.syscall(SYS_SETGROUPS, len(groups), arr)
-
-
-class SandboxGone(SandboxNotFound):
-    """The sandbox's init died between the state check and the operation."""
-
-
-# --------------------------------------------------------------------------- accounts
-@dataclass(frozen=True)
-class Account:
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-
-def _read_small(root_fd: int, path: str) -> str:
-    try:
-        fd = _openat2(root_fd, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except GuestFileError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ACCOUNT_FILE:
-            return ""
-        return os.read(fd, MAX_ACCOUNT_FILE).decode(errors="replace")
-    finally:
-        os.close(fd)
-
-
-def _table(root_fd: int, path: str) -> list[list[str]]:
-    return [line.split(":") for line in _read_small(root_fd, path).splitlines()]
-
-
-GUEST_IDS = 65536  # a sandbox's ids: guest 0..65535 are host id_base..id_base + 65535
-
-
-def _decimal(text: str) -> int | None:
-    """An id as the account files write it (ASCII digits only: ``int`` would also take
-    ``"٣"`` and ``" 7"``), or None."""
-    return int(text) if text.isascii() and text.isdigit() else None
-
-
-def lookup_user(root_fd: int, name: str) -> Account:
-    """The guest account ``name`` from the guest's own /etc/passwd. The guest writes that
-    file: an account whose uid or gid is outside the sandbox's ids (0..65535) is refused
-    here, before any host thread or guest process could take it."""
-    for row in _table(root_fd, "/etc/passwd"):
-        if len(row) < 6 or row[0] != name:
-            continue
-        uid, gid = _decimal(row[2]), _decimal(row[3])
-        if uid is None or gid is None:
-            continue
-        if not (0 <= uid < GUEST_IDS and 0 <= gid < GUEST_IDS):
-            raise UnknownUser(
-                errno.EINVAL,
-                f"user {name!r} has ids {uid}:{gid}, outside the sandbox's 0..{GUEST_IDS - 1}",
-            )
-        return Account(name, uid, gid, row[5] or "/")
-    if name == "root":  # uid 0 is root whatever the guest's files say (a bare rootfs has none)
-        return Account("root", 0, 0, "/root")
-    raise UnknownUser(errno.ENOENT, f"user {name!r} does not exist in the sandbox")
-
-
-def _names_of(root_fd: int, path: str) -> dict[int, str]:
-    names = {}
-    for row in _table(root_fd, path):
-        number = _decimal(row[2]) if len(row) > 2 else None
-        if number is not None:
-            names[number] = row[0]
-    return names
-
-
-def id_names(root_fd: int) -> tuple[dict[int, str], dict[int, str]]:
-    return _names_of(root_fd, "/etc/passwd"), _names_of(root_fd, "/etc/group")
-
-
-def host_id(id_base: int, guest_id: int) -> int:
-    """The host id of a guest id of the sandbox whose range starts at ``id_base``. Never
-    one outside that range: a thread that took it would act as another sandbox's, or as
-    the host's (setfsuid takes 32 bits: a passwd uid of 2**32 - id_base is host root)."""
-    if not 0 <= guest_id < GUEST_IDS:
-        raise UnknownUser(errno.EINVAL, f"id {guest_id} is outside the sandbox's ids")
-    return id_base + guest_id
-
-
-def _name(names: dict[int, str], guest_id: int) -> str:
-    """A guest id's name; an id outside the guest's range is nobody's, as inside."""
-    if not 0 <= guest_id < 65536:
-        guest_id = 65534
-    return names.get(guest_id, str(guest_id))
 
 
 METADATA_PREFIX = "user.e2b."
@@ -298,35 +115,6 @@ def guest_path(path: str, home: str) -> str:
     return "/" + "/".join(parts)
 
 
-def open_init(init_pid: int, init_start: int, name: str, flags: int) -> int:
-    """``/proc/<init>/<name>`` of the sandbox's init, opened with ``flags``.
-
-    Through a descriptor of ``/proc/<pid>`` checked against the init's start time: that
-    directory stands for that one process (once it dies, lookups through it fail), so a
-    pid reused by a host process after the init died can never hand us the host's root
-    (or its network namespace)."""
-    try:
-        proc = os.open(f"/proc/{init_pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
-    try:
-        with open(os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if int(fields[19]) != init_start:
-            raise SandboxGone(f"the sandbox's init {init_pid} is gone")
-        return os.open(name, flags | os.O_CLOEXEC, dir_fd=proc)
-    except ProcessLookupError:
-        raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
-    finally:
-        os.close(proc)
-
-
-def open_guest_root(init_pid: int, init_start: int) -> int:
-    """An ``O_PATH`` descriptor of the sandbox's root directory, as its init sees it."""
-    return open_init(init_pid, init_start, "root", os.O_PATH | os.O_DIRECTORY)
-
-
-# ------------------------------------------------------------------------------ files
 class GuestFiles:
     """File operations in one sandbox as one guest user. Use as a context manager; every
     method must run on the thread that entered it (the fs ids are per thread)."""
@@ -362,7 +150,7 @@ class GuestFiles:
         return guest_path(path, self.account.home)
 
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
-        fd = _openat2(self._root, path, flags, mode)
+        fd = openat2(self._root, path, flags, mode)
         try:
             _check_fs(fd, path)
         except BaseException:
@@ -398,8 +186,8 @@ class GuestFiles:
             type=kind,
             size=st.st_size,
             mode=st.st_mode,
-            owner=_name(users, st.st_uid - self.id_base),
-            group=_name(groups, st.st_gid - self.id_base),
+            owner=name_of(users, st.st_uid - self.id_base),
+            group=name_of(groups, st.st_gid - self.id_base),
             modified_time=st.st_mtime,
             symlink_target=target,
         )
