@@ -357,6 +357,25 @@ def _sandbox_domain(name: str, default: str) -> str:
 
 SANDBOX_DOMAIN = _sandbox_domain("SANDBOX_DOMAIN", "localhost")
 
+# --- data plane: what one sandbox, or one team, may hold of a data-plane worker ---------
+# Every blocking call (a file, an agent request, a stream's reader) runs on one of a
+# worker's DATAPLANE_THREADS threads. One sandbox holds at most DATAPLANE_SANDBOX_THREADS of
+# them at once and one team at most DATAPLANE_TEAM_THREADS: a wedged agent (its guest
+# stopped it: each call then waits out the agent's 30 s open timeout), a flood of uploads or
+# of followed commands costs that sandbox (that team) its own share, never the others'. A
+# call past its share waits DATAPLANE_ADMIT_SECONDS for a thread of it, then is answered
+# 429 (resource_exhausted), as a rate limit is. Per worker (``serve`` runs several).
+DATAPLANE_THREADS = _positive_int("DATAPLANE_THREADS", 512)
+DATAPLANE_SANDBOX_THREADS = _positive_int("DATAPLANE_SANDBOX_THREADS", 64)
+DATAPLANE_TEAM_THREADS = _positive_int("DATAPLANE_TEAM_THREADS", 192)
+DATAPLANE_ADMIT_SECONDS = _seconds("DATAPLANE_ADMIT_SECONDS", 10.0)
+# A ``/files`` body that moves less than 64 KiB in DATAPLANE_BODY_IDLE_SECONDS (an upload
+# the client stopped sending, a download the client stopped reading) ends: 408 for an
+# upload, a cut connection for a download; its thread and file are freed. envd's own
+# server has no such bound; E2B's proxy cuts idle connections after minutes, which would
+# let one client hold a thread per connection for as long.
+DATAPLANE_BODY_IDLE_SECONDS = _seconds("DATAPLANE_BODY_IDLE_SECONDS", 30.0)
+
 # --- idempotency -----------------------------------------------------------------------
 IDEMPOTENCY_TTL_SECONDS = _positive_int("IDEMPOTENCY_TTL_SECONDS", 86400)
 IDEMPOTENCY_LEASE_SECONDS = _positive_int("IDEMPOTENCY_LEASE_SECONDS", 30)

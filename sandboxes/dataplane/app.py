@@ -8,6 +8,7 @@ Run it with ``python manage.py serve`` (all of the service) or, alone, with
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from typing import Any
@@ -20,7 +21,7 @@ from connectrpc.code import Code  # noqa: E402
 from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec  # noqa: E402
 from connectrpc.errors import ConnectError  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import close_old_connections  # noqa: E402
+from django.db import DatabaseError, close_old_connections  # noqa: E402
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication  # noqa: E402
 from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E402
 
@@ -140,6 +141,46 @@ def _auto_resume(sandbox_id: str) -> SandboxInfo | None:
         close_old_connections()
 
 
+_teams: dict[str, str] = {}  # sandbox id -> its team's share key (a sandbox never moves)
+_team_lookups: dict[str, asyncio.Future[str]] = {}
+TEAMS_KEPT = 65536
+
+
+def _team_row(sandbox_id: str) -> str:
+    from sandboxes.models import Sandbox
+
+    try:
+        team_id = (
+            Sandbox.objects.filter(sandbox_id=sandbox_id).values_list("team_id", flat=True).first()
+        )
+    except DatabaseError:
+        log.warning("data plane: no team found for sandbox %s (database error)", sandbox_id)
+        return f"sandbox:{sandbox_id}"
+    finally:
+        close_old_connections()
+    if team_id is None:
+        return f"sandbox:{sandbox_id}"
+    if len(_teams) >= TEAMS_KEPT:
+        _teams.clear()
+    _teams[sandbox_id] = key = f"team:{team_id}"
+    return key
+
+
+async def _team_of(sandbox_id: str) -> str:
+    """The key of the sandbox's team's share (:mod:`.streams`): one indexed read per sandbox
+    and worker, however many requests ask at once, then kept. A sandbox the database does
+    not hold (or a database that does not answer) makes a team of its own."""
+    known = _teams.get(sandbox_id)
+    if known is not None:
+        return known
+    pending = _team_lookups.get(sandbox_id)
+    if pending is None:
+        pending = asyncio.ensure_future(streams.call(_team_row, sandbox_id))
+        _team_lookups[sandbox_id] = pending
+        pending.add_done_callback(lambda _: _team_lookups.pop(sandbox_id, None))
+    return await asyncio.shield(pending)
+
+
 def _signed_target(scope: Scope) -> Target | None:
     """The sandbox a signed ``/files`` URL was made for, when it names none: the SDK's
     ``download_url``/``upload_url`` under ``E2B_SANDBOX_URL`` carry no sandbox id, only a
@@ -197,6 +238,19 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
             return
         await _deny(send, 502, NOT_FOUND, sandboxId=target.sandbox_id)
         return
+    team = await _team_of(sandbox.sandbox_id)
+    shared = streams.share(streams.Share(sandbox.sandbox_id, team))
+    try:
+        await _serve(scope, receive, send, sandbox, target)
+    finally:
+        streams.unshare(shared)
+
+
+async def _serve(
+    scope: Scope, receive: Receive, send: Send, sandbox: SandboxInfo, target: Target
+) -> None:
+    """The request, for a running sandbox, within its share of the threads."""
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
     if target.port != ENVD_PORT:
         refused = traffic_refusal(sandbox, header(headers, b"e2b-traffic-access-token"))
         if refused is not None:

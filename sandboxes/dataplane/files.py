@@ -9,31 +9,40 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import hashlib
 import hmac
 import json
 import posixpath
-import queue
 import re
 import time
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+from django.conf import settings
 from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError, UnknownUser
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
-from sandboxes.dataplane.target import UNAUTHORIZED, Caller, header, json_body, token_ok
+from sandboxes.dataplane.target import (
+    UNAUTHORIZED,
+    Caller,
+    cut_connection,
+    header,
+    json_body,
+    token_ok,
+)
 
 Send = Any
 Receive = Any
 CHUNK = 1 << 16
 BODY_WINDOW = 8  # body chunks in flight between the event loop and the writing thread
+T = TypeVar("T")
 
 
 class FilesError(Exception):
@@ -113,22 +122,27 @@ def query_of(scope: dict[str, Any]) -> dict[str, str]:
 
 
 async def respond(
-    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    *,
+    close: bool = False,
 ) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    """The whole answer; ``close``: the connection ends after it (the request's body is
+    left unread)."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
+    """Each chunk is read on a thread of the sandbox's share and sent from the loop: no
+    thread waits on the client, so a slow reader costs a socket and a chunk, not a thread.
+    A chunk the client does not take within ``DATAPLANE_BODY_IDLE_SECONDS`` cuts the
+    connection."""
     query = query_of(scope)
     path = query.get("path", "")
     user = files_user(query)
@@ -147,40 +161,41 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
     try:
         first = await streams.call(next, reader, b"")
     except SandboxRuntimeError as exc:
-        close()
+        await streams.call(close)
         raise files_error(exc, path) from None
+    except BaseException:
+        await streams.call(close)
+        raise
     name = posixpath.basename(path.rstrip("/")) or "file"
-    # No Content-Length: the file may change while it is sent (and a symlink's lstat size
-    # is not its target's); the body is chunked, and is what was read.
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/octet-stream"),
-                (b"content-disposition", f"inline; filename={name}".encode()),
-            ],
-        }
-    )
+    idle = settings.DATAPLANE_BODY_IDLE_SECONDS
     try:
-        if first:
-            await send({"type": "http.response.body", "body": first, "more_body": True})
-            async for chunk in streams.pump(reader, close=close):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # No Content-Length: the file may change while it is sent (and a symlink's lstat
+        # size is not its target's); the body is chunked, and is what was read.
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"content-disposition", f"inline; filename={name}".encode()),
+                ],
+            }
+        )
+        chunk = first
+        while chunk:
+            message = {"type": "http.response.body", "body": chunk, "more_body": True}
+            try:
+                await asyncio.wait_for(send(message), idle)
+            except TimeoutError:
+                cut_connection(scope, f"the client took no data for {idle:g}s")
+            chunk = await streams.call(next, reader, b"")
         await send({"type": "http.response.body", "body": b""})
+    except SandboxRuntimeError:
+        # The file could not be read on (its sandbox ended): the answer is already under
+        # way, so the connection is cut, as a vanished envd's would be.
+        cut_connection(scope, "the file could not be read to its end")
     finally:
-        close()
-
-
-class _Body:
-    """The request body, read by the event loop and consumed by one thread."""
-
-    def __init__(self) -> None:
-        self.chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=BODY_WINDOW)
-
-    def __iter__(self) -> Iterator[bytes]:
-        while (chunk := self.chunks.get()) is not None:
-            yield chunk
+        await streams.call(close)
 
 
 class _Parts:
@@ -293,7 +308,9 @@ def _write(
     return written
 
 
-def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[dict[str, Any]]:
+def _receive_upload(
+    caller: Caller, scope: dict[str, Any], body: streams.Feed
+) -> list[dict[str, Any]]:
     """On a thread: write every file of the body; the answer's list."""
     headers = scope["headers"]
     query = query_of(scope)
@@ -339,39 +356,85 @@ def _receive_upload(caller: Caller, scope: dict[str, Any], body: _Body) -> list[
 
 
 async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
-    body = _Body()
-    writer = asyncio.ensure_future(streams.call(_receive_upload, caller, scope, body))
-    try:
+    """The body is received in the loop and handed to the writing thread (a thread of the
+    sandbox's share, held for the upload) without a thread of its own (streams.Feed). A
+    body that moves less than :data:`PROGRESS` bytes in ``DATAPLANE_BODY_IDLE_SECONDS`` is
+    given up: the write fails, and the client is answered 408."""
+    idle = settings.DATAPLANE_BODY_IDLE_SECONDS
+    loop = asyncio.get_running_loop()
+    async with streams.slot():
+        body = streams.Feed(BODY_WINDOW)
+        writer = asyncio.ensure_future(streams.run(_receive_upload, caller, scope, body))
         more = True
-        while more and not writer.done():
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                break
-            chunk = message.get("body", b"")
-            more = message.get("more_body", False)
-            if chunk:
-                while not writer.done():
-                    try:
-                        await streams.call(body.chunks.put, chunk, True, 0.5)
-                        break
-                    except queue.Full:
-                        continue
-        while not writer.done():  # the end of the body (or of the client)
-            try:
-                await streams.call(body.chunks.put, None, True, 0.5)
-                break
-            except queue.Full:
-                continue
         try:
-            written = await writer
-        except FilesError:
-            if more:
-                await _drain(receive)
-            raise
-    except BaseException:
-        writer.cancel()
-        raise
+            since, moved = loop.time(), 0
+            while more and not writer.done():
+                try:
+                    message = await _first(receive(), writer, since + idle - loop.time())
+                except TimeoutError:
+                    body.abort("the upload was given up: its body stopped")
+                    await _quietly(writer)
+                    raise FilesError(
+                        408, f"the request body sent less than {PROGRESS} bytes in {idle:g}s"
+                    ) from None
+                if message is None:  # the writer ended (refused the body) first
+                    break
+                if message["type"] == "http.disconnect":
+                    body.abort("the client went away before the body ended")
+                    more = False
+                    break
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                moved += len(chunk)
+                if moved >= PROGRESS or not more:
+                    since, moved = loop.time(), 0
+                if chunk:
+                    await _first(body.put(chunk), writer, None)
+            if not more:
+                body.end()
+            try:
+                written = await writer
+            except FilesError:
+                if more:
+                    await _drain(receive)
+                raise
+        finally:
+            body.abort("the upload was given up")
+            # The share's thread is given back once the writer has let go of it.
+            await _quietly(writer)
     await respond(send, 200, json.dumps(written).encode())
+
+
+PROGRESS = 1 << 16  # an upload's body must move this much in DATAPLANE_BODY_IDLE_SECONDS
+
+
+async def _first(
+    work: Awaitable[T], writer: asyncio.Future[Any], timeout: float | None
+) -> T | None:
+    """``work``'s result, or None when ``writer`` ends first (``work`` is then dropped);
+    TimeoutError after ``timeout`` seconds."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait(
+            {task, writer},
+            timeout=None if timeout is None else max(timeout, 0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    except BaseException:
+        task.cancel()
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    if not done:
+        raise TimeoutError
+    return None
+
+
+async def _quietly(future: asyncio.Future[Any]) -> None:
+    """Wait for ``future`` to end, whatever its outcome (which its owner reads)."""
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(future)
 
 
 DRAIN_LIMIT = 64 << 20  # a refused upload's rest is read (and dropped) up to this
@@ -421,5 +484,10 @@ async def files(scope: dict[str, Any], receive: Receive, send: Send, caller: Cal
             await download(scope, send, caller)
         else:
             await upload(scope, receive, send, caller)
+    except streams.Busy as exc:
+        # As E2B's proxy answers a rate limit: the SDKs raise it as RateLimitException.
+        await _drain(receive)
+        await respond(send, 429, json_body(429, exc.message))
     except FilesError as exc:
-        await respond(send, exc.status, json_body(exc.status, exc.message))
+        body = json_body(exc.status, exc.message)
+        await respond(send, exc.status, body, close=exc.status == 408)
