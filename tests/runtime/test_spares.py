@@ -33,7 +33,7 @@ def rt() -> Iterator[LocalRuntime]:
 def filled(rt: LocalRuntime) -> None:
     rt.replenish(DISK)
     assert wait_until(
-        lambda: len(rt.spares.ready()) >= 2 and len(rt.disk_pool.ready(DISK)) >= 2, timeout=10
+        lambda: len(rt.spares.ready()) >= 2 and len(rt.disk_pool.ready(DISK)) >= 2, timeout=30
     ), (rt.spares.ready(), rt.disk_pool.ready(DISK))
 
 
