@@ -270,7 +270,9 @@ class NewSandboxV1Serializer(NewSandboxSerializer):
 
 
 class TimeoutBodySerializer(NullMeansAbsent):
-    timeout = StrictIntegerField(min_value=1)
+    # 0 is E2B's minimum here (SandboxTimeoutRequest): the sandbox's time is up now, and the
+    # lifecycle worker applies its onTimeout (kill or pause) at its next tick.
+    timeout = StrictIntegerField(min_value=0)
 
 
 class ConnectSerializer(NullMeansAbsent):

@@ -222,6 +222,21 @@ def test_timeout_sets_the_end_time_and_may_shorten_it(
     assert seconds_from_now(row(sandbox_id).end_at) == pytest.approx(30, abs=5)
 
 
+def test_a_timeout_of_zero_ends_the_sandbox_now_and_a_negative_one_is_refused(
+    api_client: APIClient, create_sandbox: CreateSandbox
+) -> None:
+    sandbox_id = create_sandbox(timeout=3600)["sandboxID"]
+
+    negative = api_client.post(f"/sandboxes/{sandbox_id}/timeout", {"timeout": -1}, format="json")
+    assert "timeout" in assert_error(negative, 400)["message"]
+    assert seconds_from_now(row(sandbox_id).end_at) > 3000
+
+    response = api_client.post(f"/sandboxes/{sandbox_id}/timeout", {"timeout": 0}, format="json")
+
+    assert response.status_code == 204
+    assert seconds_from_now(row(sandbox_id).end_at) == pytest.approx(0, abs=2)
+
+
 def test_timeout_requires_a_timeout_and_refuses_one_over_the_maximum(
     api_client: APIClient, create_sandbox: CreateSandbox, settings: Any
 ) -> None:
