@@ -6,9 +6,10 @@ Its image is a layer over ``base`` (so the guest's ``/usr`` is the host's Debian
 * ``venv/``: a virtual environment of Debian's ``python3`` with the packages of
   ``requirements.txt`` from PyPI (pip's usual index settings and cache apply, so a
   wheelhouse or a mirror works offline: ``PIP_INDEX_URL``, ``PIP_FIND_LINKS``);
-* ``server/``: the execution service (``guest/e2b_execution_server.py``), the template's
-  start command, run as ``user``; a create returns once it listens on port 49999; and the
-  JavaScript/TypeScript kernel (``guest/e2b_js_kernel.mjs``) it runs on the guest's Node.js;
+* ``server/``: the execution service (``guest/e2b_execution_server.py``, its HTTP side, and
+  ``guest/e2b_kernels.py``, the kernels it drives), the template's start command, run as
+  ``user``; a create returns once it listens on port 49999; and the JavaScript/TypeScript
+  kernel (``guest/e2b_js_kernel.mjs``) it runs on the guest's Node.js;
 * ``node/``: the TypeScript compiler that kernel loads (``package-lock.json``, npm);
 * ``ipython/``: the kernels' IPython profile (``guest/``): plain tracebacks, the extra
   result formats, the data stack loaded before the first cell;
@@ -161,7 +162,10 @@ def _populate(rootfs: Path) -> None:
         f'export PATH="{GUEST_HOME}/venv/bin:$PATH"\n'
     )
     (home / "server").mkdir()
-    shutil.copy(GUEST_FILES / "e2b_execution_server.py", home / "server")
+    # The execution service is its HTTP side and the kernels module it imports from its own
+    # directory.
+    for name in ("e2b_execution_server.py", "e2b_kernels.py"):
+        shutil.copy(GUEST_FILES / name, home / "server")
     # The JavaScript/TypeScript kernel, on the guest's (the host's) Node.js, and the
     # TypeScript compiler it loads, exactly as package-lock.json pins it.
     shutil.copy(GUEST_FILES / "e2b_js_kernel.mjs", home / "server")

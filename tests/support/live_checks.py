@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import live_server as ls
+from tests.support import live_database
 from tests.support.live_server import LiveServer
 
 TRANSITIONAL = ("creating", "pausing", "resuming", "killing")
@@ -55,12 +55,12 @@ def client(server: LiveServer, *, api_key: str | None = None, timeout: float = 3
 
 # ------------------------------------------------------------------------------ database
 def is_postgres(server: LiveServer) -> bool:
-    return ls.is_postgres(server.env["DATABASE_URL"])
+    return live_database.is_postgres(server.env["DATABASE_URL"])
 
 
 def query(server: LiveServer, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Run one statement on the server's own database (PostgreSQL ``%s`` placeholders)."""
-    return ls.query(server.env["DATABASE_URL"], sql, params)
+    return live_database.query(server.env["DATABASE_URL"], sql, params)
 
 
 def db_states(server: LiveServer, *, include_killed: bool = False) -> dict[str, str]:

@@ -7,43 +7,66 @@ started on it with whatever environment a caller needs (failpoints, lease, rate 
 (plus, optionally, ``run_worker``) on them; :func:`live_server` is the one-server shorthand
 the black-box suites use. No pytest here: ``bench/`` uses it too. Everything made is
 removed by :meth:`Deployment.close`: the servers, sandboxes, the launcher daemon, cgroup
-parents, the database, the temporary directory.
+parents, the database, the temporary directory. The server's processes are in
+live_process.py, the databases (cloned from a migrated one) in live_database.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
 import json
 import os
 import secrets
 import shutil
-import signal
-import socket
-import sqlite3
-import struct
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+from tests.support.live_database import (
+    connect,
+    is_postgres,
+    libpq_url,
+    migrated_postgres,
+    migrated_sqlite,
+    query,
+    suite_database_url,
+    with_database,
+)
+from tests.support.live_process import (
+    BIN,
+    REPO,
+    Server,
+    ServerError,
+    cleanup_runtime,
+    free_port,
+    kill_all_sandboxes,
+    listening,
+    manage,
+)
 
-from e2bfacade import supervision
+# What the suites and bench/ import from here; the processes live in live_process.py and the
+# databases in live_database.py.
+__all__ = [
+    "BIN",
+    "REPO",
+    "Deployment",
+    "LiveServer",
+    "Server",
+    "ServerError",
+    "TeamKey",
+    "cleanup_runtime",
+    "free_port",
+    "is_postgres",
+    "listening",
+    "live_server",
+    "manage",
+    "suite_database_url",
+]
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 # live_server()'s SANDBOX_MAX_TIMEOUT_SECONDS: small, so that "over the maximum" is cheap.
 MAX_TIMEOUT = 3600
-START_SECONDS = 30
-# The lifecycle worker's tick: short, so that the timeout tests are quick.
-WORKER_INTERVAL = 0.2
 # Short: sandboxd's unix socket lives under SANDBOX_ROOT, and such paths must stay < 108 bytes.
 TMP_PARENT = "/tmp"
 
@@ -59,405 +82,10 @@ print("TEAMS " + json.dumps(out))
 """
 
 
-class ServerError(RuntimeError):
-    """The server could not be prepared or started; the message holds its output."""
-
-
 @dataclass(frozen=True)
 class TeamKey:
     team_id: int
     api_key: str
-
-
-# ----------------------------------------------------------------------------- database
-def suite_database_url() -> str:
-    return os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
-
-
-def is_postgres(url: str) -> bool:
-    return urlsplit(url).scheme in ("postgres", "postgresql", "pgsql")
-
-
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
-def _libpq(url: str) -> str:
-    """psycopg wants postgresql:// (django-environ also accepts postgres:// and pgsql://)."""
-    return urlunsplit(urlsplit(url)._replace(scheme="postgresql"))
-
-
-@contextlib.contextmanager
-def connect(database_url: str) -> Iterator[Any]:
-    """An autocommit connection to ``database_url`` (PostgreSQL or SQLite)."""
-    if is_postgres(database_url):
-        import psycopg
-
-        with psycopg.connect(_libpq(database_url), autocommit=True, connect_timeout=10) as conn:
-            yield conn
-    else:
-        lite = sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=20)
-        lite.isolation_level = None
-        try:
-            yield lite
-        finally:
-            lite.close()
-
-
-def query(database_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Run one statement (PostgreSQL ``%s`` placeholders) on ``database_url``."""
-    if not is_postgres(database_url):
-        sql = sql.replace("%s", "?")
-    with connect(database_url) as conn:
-        return list(conn.execute(sql, params).fetchall())
-
-
-def migrations_digest() -> str:
-    """A digest of every migration file: a migrated template made from other migrations is
-    never cloned."""
-    digest = hashlib.sha256()
-    for path in sorted(REPO.glob("*/migrations/*.py")):
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-_sqlite_templates: dict[str, Path] = {}
-
-
-def migrated_postgres(admin_url: str, base: str, name: str, env: dict[str, str]) -> None:
-    """Create database ``name`` as a copy of a migrated template (``CREATE DATABASE ...
-    TEMPLATE``: 0.1 s against 1.9 s for ``migrate``), migrating the template first if no
-    run has yet. The template is named by :func:`migrations_digest`; it is built under a
-    name of its own and renamed, so a run killed midway never leaves a half-migrated one."""
-    import psycopg
-
-    template = f"e2bfacade_tmpl_{migrations_digest()}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,))
-        if found.fetchone() is None:
-            # Templates of older migrations: no run clones them again.
-            stale = conn.execute(
-                "SELECT datname FROM pg_database WHERE datname ~ '^e2bfacade_tmpl_[0-9a-f]{12}$'"
-            ).fetchall()
-            for (old,) in stale:
-                conn.execute(f'DROP DATABASE IF EXISTS "{old}"')
-            building = f"{template}_{secrets.token_hex(4)}"
-            conn.execute(f'CREATE DATABASE "{building}"')
-            try:
-                manage(
-                    {**env, "DATABASE_URL": _with_database(base, building)},
-                    "migrate",
-                    "--no-input",
-                    "-v",
-                    "0",
-                )
-                conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{template}"')
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another run made it meanwhile
-            finally:
-                conn.execute(f'DROP DATABASE IF EXISTS "{building}"')
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-
-
-def migrated_sqlite(path: Path, env: dict[str, str]) -> None:
-    """Copy a migrated SQLite file to ``path``, migrating one first (once per process)."""
-    digest = migrations_digest()
-    template = _sqlite_templates.get(digest)
-    if template is None or not template.exists():
-        template = Path(tempfile.mkdtemp(prefix="e2bfacade-tmpl-")) / "migrated.sqlite3"
-        manage({**env, "DATABASE_URL": f"sqlite:///{template}"}, "migrate", "--no-input", "-v", "0")
-        atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
-        _sqlite_templates[digest] = template
-    shutil.copyfile(template, path)
-
-
-# ------------------------------------------------------------------------------ process
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def manage(env: dict[str, str], *args: str, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise ServerError(f"manage.py {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout
-
-
-def _stop(process: subprocess.Popen[bytes] | None) -> None:
-    if process is None or process.poll() is not None:
-        return
-    # Graceful: gunicorn's master ends its workers; the lifecycle worker finishes its tick.
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the session we started it in, nothing else
-        process.wait(timeout=5)
-
-
-# ------------------------------------------------------------------------------ runtime
-def kill_all_sandboxes(runtime: Any) -> None:
-    """Kill every sandbox of ``runtime`` (a LocalRuntime): listed, on disk or in a cgroup."""
-    if not (runtime.root / "sandboxes").exists():
-        return
-    ids = {p.name for p in (runtime.root / "sandboxes").iterdir() if not p.name.startswith(".")}
-    for sandbox_id in ids | runtime.cgroups.list_ids():
-        runtime.kill(sandbox_id)
-    runtime.sweep()
-
-
-def _reap(root: Path) -> None:
-    """What a server leaves on the host besides files: sandboxes (processes in cgroups), the
-    launcher daemon and its keeper (they detach on purpose, so that a restarted service
-    keeps its sandboxes) and the runtime's cgroup parents. Run by :func:`cleanup_runtime`."""
-    from e2bfacade.runtime.local import LocalRuntime, lxcfs
-
-    runtime = LocalRuntime(root)
-    kill_all_sandboxes(runtime)
-    runtime.discard_spares()
-    if runtime.network is not None:
-        runtime.network.teardown()
-    # End the daemons of this root only, found by their path or by the socket path on their
-    # command line, whatever they call themselves.
-    bin_prefix = str(root / "bin").encode() + b"/"
-    sock_prefix = str(root / "run" / "sandboxd-").encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[0].startswith(bin_prefix) or any(sock_prefix in arg for arg in argv):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-    lxcfs.stop(root)
-    groups = runtime.cgroups
-    for parent in [*getattr(groups, "roots", {}).values(), getattr(groups, "root", None)]:
-        if parent is not None:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-
-
-def cleanup_runtime(env: dict[str, str], root: Path) -> None:
-    """:func:`_reap` ``root``, in a subprocess with the server's settings (so that the caller
-    never imports the runtime)."""
-    if not root.exists():
-        return
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, pathlib, tests.support.live_server as ls;"
-            " ls._reap(pathlib.Path(sys.argv[1]))",
-            str(root),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if proc.returncode != 0:
-        print(f"live server: sandbox cleanup failed:\n{proc.stderr}", file=sys.stderr)
-
-
-# ------------------------------------------------------------------------------- server
-def listening(pid: int) -> list[tuple[str, int]]:
-    """The TCP (IPv4) addresses process ``pid`` listens on."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # TCP_LISTEN
-            hex_address, hex_port = fields[1].split(":")
-            address = socket.inet_ntoa(struct.pack("<I", int(hex_address, 16)))
-            found.append((address, int(hex_port, 16)))
-    return found
-
-
-class Server:
-    """One gunicorn master with ``workers`` sync workers and, when ``lifecycle_worker``,
-    ``manage.py run_worker`` beside it, as a deployment runs them."""
-
-    def __init__(
-        self,
-        env: dict[str, str],
-        log_path: Path,
-        *,
-        workers: int = 4,
-        lifecycle_worker: bool = False,
-        failpoint_dir: Path | None = None,
-    ) -> None:
-        self.env = env
-        self.log_path = log_path
-        self.workers = workers
-        self.lifecycle_worker = lifecycle_worker
-        self.sandbox_root = Path(env["SANDBOX_ROOT"])
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # The data plane (sandboxes/dataplane): the SDK's E2B_SANDBOX_URL.
-        self.sandbox_port = free_port()
-        self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
-        self.failpoint_dir = failpoint_dir
-        self.process: subprocess.Popen[bytes] | None = None
-        self.worker: subprocess.Popen[bytes] | None = None
-        self.dataplane: subprocess.Popen[bytes] | None = None
-        self.egress: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start gunicorn (and the lifecycle worker) and wait for ``/health``."""
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    str(BIN / "gunicorn"),
-                    "--workers",
-                    str(self.workers),
-                    "--bind",
-                    f"127.0.0.1:{self.port}",
-                    "--graceful-timeout",
-                    "5",
-                    "--backlog",
-                    "2048",
-                    "--no-control-socket",  # its default path is shared by every gunicorn
-                    "--access-logfile",
-                    "-",
-                    "e2bfacade.wsgi",
-                ],
-                cwd=REPO,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            self.dataplane = subprocess.Popen(
-                [sys.executable, "-m", "sandboxes.dataplane.server"]
-                + ["127.0.0.1", str(self.sandbox_port), "2"],
-                cwd=REPO,
-                env={**self.env, "DJANGO_SETTINGS_MODULE": "e2bfacade.settings"},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            if self.env.get("SANDBOX_UPLINK", "none") != "none":
-                self.egress = subprocess.Popen(
-                    [sys.executable, "-m", "e2bfacade.runtime.local.net.egress"]
-                    + [str(self.sandbox_root)],
-                    cwd=REPO,
-                    env=self.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            if self.lifecycle_worker:
-                self.worker = subprocess.Popen(
-                    [sys.executable, "manage.py", "run_worker", "--interval", str(WORKER_INTERVAL)],
-                    cwd=REPO,
-                    env=self.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerError(f"gunicorn exited at start:\n{self.log_tail()}")
-            if self.worker is not None and self.worker.poll() is not None:
-                raise ServerError(f"the lifecycle worker exited at start:\n{self.log_tail()}")
-            if self.dataplane is not None and self.dataplane.poll() is not None:
-                raise ServerError(f"the data plane exited at start:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                # Sandbox connections to named domains go through the egress proxy only
-                # while it listens (else their CIDR rules judge them): wait for it.
-                if self.egress is not None and not listening(self.egress.pid):
-                    time.sleep(0.05)
-                    continue
-                # Answered by the processes started here, not by an orphan of an earlier
-                # start that still holds the port (e2bfacade/supervision.py).
-                if not (
-                    supervision.serves(self.process.pid, "127.0.0.1", self.port)
-                    and supervision.serves(self.dataplane.pid, "127.0.0.1", self.sandbox_port)
-                ):
-                    time.sleep(0.05)
-                    continue
-                if (
-                    httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-                    # No sandbox named: the data plane's 400 says it is up.
-                    and httpx.get(f"{self.sandbox_url}/health", timeout=1).status_code == 400
-                ):
-                    return
-            time.sleep(0.05)
-        raise ServerError(
-            f"gunicorn did not answer /health in {START_SECONDS}s:\n{self.log_tail()}"
-        )
-
-    def stop(self) -> None:
-        """Stop the lifecycle worker, the data plane and gunicorn gracefully (SIGKILL after
-        15 s)."""
-        _stop(self.worker)
-        _stop(self.egress)
-        _stop(self.dataplane)
-        _stop(self.process)
-
-    def kill(self) -> None:
-        """SIGKILL gunicorn (master and workers) and the lifecycle worker, as a crash or an
-        OOM killer would: nothing gets to clean up. Sandboxes keep running (their launcher
-        lives in a session of its own); the database and the sandbox root stay."""
-        for process in (self.process, self.worker, self.dataplane):
-            if process is not None and process.poll() is None:
-                # The session each was started in (start_new_session): theirs, nothing else.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
-
-    def restart(self, *, crash: bool = True) -> None:
-        """Stop the service (SIGKILL when ``crash``, else gracefully) and start a fresh one
-        on the same database, sandbox root and port."""
-        if crash:
-            self.kill()
-        else:
-            self.stop()
-        self.start()
-
-    def run_worker_once(self, *extra_args: str, env: dict[str, str] | None = None) -> str:
-        """One full tick of ``run_worker --once`` with the server's settings."""
-        return manage(env or self.env, "run_worker", "--once", *extra_args)
-
-    def arm(self, point: str) -> None:
-        """Make failpoint ``point`` fire for the next request that reaches it."""
-        assert self.failpoint_dir is not None, "this server has no failpoints"
-        (self.failpoint_dir / point).unlink(missing_ok=True)
-
-    def fired(self, point: str) -> bool:
-        assert self.failpoint_dir is not None
-        return (self.failpoint_dir / point).exists()
-
-    def log_tail(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no server log)"
-
-    def access_log_statuses(self, method: str, path: str) -> list[int]:
-        """The statuses gunicorn's access log recorded for ``method path``."""
-        needle = f'"{method} {path} HTTP/1.1" '
-        statuses = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if needle in line:
-                statuses.append(int(line.split(needle, 1)[1].split()[0]))
-        return statuses
 
 
 class LiveServer(Server):
@@ -508,8 +136,8 @@ class Deployment:
 
                 self._db_name = f"{prefix}_{secrets.token_hex(4)}"
                 # The maintenance database: the suite's own may not exist yet.
-                self._admin_url = _libpq(_with_database(base, "postgres"))
-                self.database_url = _with_database(base, self._db_name)
+                self._admin_url = libpq_url(with_database(base, "postgres"))
+                self.database_url = with_database(base, self._db_name)
             else:
                 self.database_url = f"sqlite:///{self.tmp / 'live.sqlite3'}"
             self.env = {
