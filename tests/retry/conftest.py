@@ -1,5 +1,6 @@
-"""The retry table (README.md) proven against a real running e2bfacade: gunicorn with 4
-workers and the lifecycle worker, its own database and sandbox root, raw HTTP."""
+"""The retry table (docs/idempotency.md, "Retry table") proven against a real running
+e2bfacade: gunicorn with 4 workers and the lifecycle worker, its own database and sandbox
+root, raw HTTP."""
 
 from __future__ import annotations
 

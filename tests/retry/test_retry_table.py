@@ -1,4 +1,4 @@
-"""Every row of the README's retry table, through a real running server.
+"""Every row of the retry table (docs/idempotency.md, "Retry table"), through a real running server.
 
 Each row sends the same request 5 times and 50 times in a row, and from two callers at
 once (two threads released by a barrier, several rounds), and asserts exactly the answers
