@@ -5,7 +5,7 @@ Workers: sync workers, one request at a time each. A request spends most of its 
 on PostgreSQL or on a runtime call of a few milliseconds (or, for a create that meets
 another request with the same Idempotency-Key, up to IDEMPOTENCY_WAIT_SECONDS): more
 workers than cores pays, but the usual ``2 x cores + 1`` overshoots the database's
-connections on several replicas. See README.md, "Deployment".
+connections on several replicas. See docs/operations.md, "How many workers".
 """
 
 import glob

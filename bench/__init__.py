@@ -1,1 +1,1 @@
-"""Benchmarks: scripts run as ``python bench/<name>.py`` (see the README, "Performance")."""
+"""Benchmarks: scripts run as ``python bench/<name>.py`` (docs/performance.md, "Performance")."""

@@ -11,8 +11,8 @@ pool (``SANDBOX_WARM_POOL=1``, with the lifecycle worker that keeps it), one wit
 
 Prints the template's build time and size; ``run_code("1+1")`` on a warm kernel; and
 create -> first ``run_code`` result, warm (a pool sandbox ready) and cold, interleaved one of
-each in turn. Targets (README.md, "Code Interpreter"): run_code p50 <= 20 ms; create -> first
-result p50 <= 300 ms with a warm pool.
+each in turn. Targets (docs/performance.md, "Code Interpreter"): run_code p50 <= 20 ms;
+create -> first result p50 <= 300 ms with a warm pool.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ creates arrive: the kernel's cgroup lock is slow after a quiet gap); "back to ba
 do not. Everything runs without networking (``SANDBOX_UPLINK=none``, here and in the
 server) so that the two creates make the same sandbox; ``network_bench.py`` measures what
 networking adds. Prints p50 / p99 of each and the SDK create over the floor on the medians.
-Target (the hot path's, README.md): at most 3x, cold and back to back. Then the same SDK
-creates with a warm pool of 2 for the base template (``Template.warm_pool``): target p50 at
-most 8 ms.
+Target (docs/performance.md, "The hot path's targets"): at most 3x, cold and back to back.
+Then the same SDK creates with a warm pool of 2 for the base template
+(``Template.warm_pool``): target p50 at most 8 ms.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ root. Prints medians and p99s of ``commands.run("true")`` and of the time to the
 stdout byte; stdout throughput (one command writing 1 GiB to stdout, read through the SDK)
 and the data plane's memory growth meanwhile; ``files.write``/``read`` of 1 MiB and 100 MiB;
 and ``GET /sandboxes/{id}`` p99 idle and while ``--streams`` long-running streams follow
-commands in 20 sandboxes, side by side. Targets (README.md, "The data plane"): run("true")
+commands in 20 sandboxes, side by side. Targets (docs/performance.md, "The data plane"): run("true")
 p50 <= 15 ms, stdout and files >= 200 MB/s, memory growth <= 64 MiB, GET p99 under streams
 <= 2x idle.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every figure of the README's "Performance" section, measured again in one run: each bench
+# Every figure of docs/performance.md, measured again in one run: each bench
 # with the arguments its table names, one after the other (they share the machine, so
 # never two at once), the output of each under a heading. Needs root and PostgreSQL (as
 # scripts/test.sh starts it); about 15 minutes a run, the 10-minute soak left out (run it
@@ -8,8 +8,8 @@
 #   bash bench/figures.sh [OUT]      # OUT defaults to bench/figures-<date>.txt
 #   FIGURES_RUNS=3 bash bench/figures.sh [OUT]   # three runs: OUT-run1.txt ... OUT-run3.txt
 #
-# Then it rewrites the README's table of the hot path's targets from the FIGURE lines of the
-# run(s), each figure the median over the runs (bench/readme_table.py): this machine's speed
+# Then it rewrites docs/performance.md's table of the hot path's targets from the FIGURE lines of the
+# run(s), each figure the median over the runs (bench/perf_table.py): this machine's speed
 # drifts by up to a half between runs, so several runs give the steadier table. The other
 # tables are transcribed from such files, each naming the command it came from.
 set -euo pipefail
@@ -57,4 +57,4 @@ for ((run = 1; run <= runs; run++)); do
     printf '\nfigures written to %s\n' "$out"
     outs+=("$out")
 done
-"$python" bench/readme_table.py "${outs[@]}"
+"$python" bench/perf_table.py "${outs[@]}"

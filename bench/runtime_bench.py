@@ -9,7 +9,7 @@ creates arrive: the kernel's cgroup lock is then slow, see spares.py) and back t
 with spare launchers and pooled disks (the default) and without (``spares=0``), side by
 side; then starts ``--idle`` idle sandboxes and prints the memory each one costs, both as
 charged to its cgroup and as the drop in the host's MemAvailable. Everything it made is
-removed at the end. Targets (README.md, "Performance"; the runtime's budget): create p50
+removed at the end. Targets (docs/performance.md, "The runtime": its budget): create p50
 ≤ 10 ms cold and back to back, pause/resume/kill p50 within 2× the figures before the
 hardening (0.36 / 0.17 / 3.3 ms), idle memory ≤ 1 MB (the larger of the cgroup and
 MemAvailable figures).

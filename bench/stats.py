@@ -16,8 +16,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def figure(name: str, value: float) -> None:
-    """Print one named figure as ``FIGURE <name> <value>``: ``bench/readme_table.py``
-    builds the README's table of targets from these lines of a ``bench/figures.sh`` run."""
+    """Print one named figure as ``FIGURE <name> <value>``: ``bench/perf_table.py``
+    builds docs/performance.md's table of targets from these lines of a ``bench/figures.sh`` run."""
     print(f"FIGURE {name} {value:.6g}", flush=True)
 
 

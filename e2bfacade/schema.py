@@ -35,7 +35,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     str,
     OpenApiParameter.HEADER,
-    description="1-255 of a-z, 0-9, '-'; team-scoped; see the README's idempotency contract",
+    description="1-255 of a-z, 0-9, '-'; team-scoped; see docs/idempotency.md",
 )
 
 # A field E2B defines and this server always answers with null (e.g. ``trafficAccessToken``).

@@ -32,7 +32,7 @@ ENCRYPTION_KEY_REFUSED = (
     "IDEMPOTENCY_ENCRYPTION_KEYS is not set and SECRET_KEY is not set (or is the built-in "
     "insecure value): refusing to derive the key that encrypts stored idempotency bodies from "
     f'a public value. Set SECRET_KEY (e.g. `echo "SECRET_KEY=$({MAKE_SECRET_KEY})" >> .env`) '
-    "or IDEMPOTENCY_ENCRYPTION_KEYS (see README.md)."
+    "or IDEMPOTENCY_ENCRYPTION_KEYS (see docs/configuration.md)."
 )
 
 

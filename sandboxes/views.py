@@ -1,5 +1,5 @@
 """Sandbox routes: validate, call one service, render. Retry behaviour of each route is in
-the README's retry table and on the service function it calls."""
+docs/idempotency.md, "Retry table", and on the service function it calls."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@
 # stored hashed, so the file is the only copy. Later runs reuse that key while it still
 # authenticates (delete the file, or revoke the key in the admin, to get a new one).
 #
-# Environment: WEB_CONCURRENCY (gunicorn workers, default 4) and everything in README.md's
-# Configuration table.
+# Environment: WEB_CONCURRENCY (gunicorn workers, default 4) and everything in
+# docs/configuration.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

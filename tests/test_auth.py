@@ -72,7 +72,7 @@ def test_a_resolved_key_is_trusted_for_its_ttl_then_asked_about_again(
     api_client: APIClient, api_key: ApiKey, settings: Any
 ) -> None:
     """API_KEY_CACHE_SECONDS: within it a request asks no query for its key, so a
-    revocation made elsewhere takes effect once it has passed (the README says so)."""
+    revocation made elsewhere takes effect once it has passed (docs/configuration.md says so)."""
     settings.API_KEY_CACHE_SECONDS = 1
     forget_api_keys()
     assert api_client.get("/test/whoami").status_code == 200

@@ -1,6 +1,6 @@
 """``process.Process``: envd's process service over the runtime's processes.
 
-Semantics as envd has them (the README's data-plane section lists them): the command runs as
+Semantics as envd has them (docs/dataplane.md, "Data plane", lists them): the command runs as
 the caller's user (Basic auth) or the sandbox's default one, in ``cwd`` (``~`` and relative
 paths under the user's home; a missing one is invalid_argument), with the sandbox's env vars
 then the call's; ``Connect-Timeout-Ms`` on Start is the process's lifetime; output goes to

@@ -6,7 +6,7 @@ from django.db import migrations, models
 def advertise_the_data_plane(apps, schema_editor):  # type: ignore[no-untyped-def]
     """Templates that advertised 0.2.4 (no data plane) get the version whose features the
     data plane now has: the SDK gates stdin, close_stdin, default user and octet-stream
-    uploads on it (README, "Data plane")."""
+    uploads on it (docs/dataplane.md, "Versions")."""
     Template = apps.get_model("templates", "Template")
     Template.objects.filter(envd_version="0.2.4").update(envd_version="0.5.7")
 

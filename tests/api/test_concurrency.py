@@ -95,7 +95,7 @@ def test_eight_connects_at_once_to_a_paused_sandbox_resume_it_once(
         CALLERS, lambda i: client_of(api_key).post(f"/v2/sandboxes/{sandbox_id}/connect")
     )
 
-    # The retry table (README.md, "Retry story"): resumed once (201), the rest 200.
+    # The retry table (docs/idempotency.md, "Retry table"): resumed once (201), the rest 200.
     assert Counter(r.status_code for r in responses) == {201: 1, 200: CALLERS - 1}
     assert {r.json()["sandboxID"] for r in responses} == {sandbox_id}
     assert thaws == [sandbox_id]

@@ -1,7 +1,8 @@
 """``python manage.py derived_encryption_key``: print the Fernet key stored idempotency
 bodies are encrypted with when ``IDEMPOTENCY_ENCRYPTION_KEYS`` is unset (the one derived
 from this ``SECRET_KEY``). Run it before changing ``SECRET_KEY``, then set
-``IDEMPOTENCY_ENCRYPTION_KEYS=NEW,<this>`` and rotate (README, "Idempotency contract")."""
+``IDEMPOTENCY_ENCRYPTION_KEYS=NEW,<this>`` and rotate
+(docs/idempotency.md, "Idempotency contract")."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ environment under /opt/e2b-code-interpreter), and talks to Jupyter kernels throu
 jupyter_client; HTTP is tornado's (both come with ipykernel). One kernel per context; one
 execution at a time per context, in arrival order.
 
-The wire (see docs in the project's README, "Code Interpreter"):
+The wire (docs/code-interpreter.md, "The service"):
 
 * ``POST /execute`` ``{"code", "context_id"?, "language"?, "env_vars"?}``: 200 and one JSON
   object per line: ``number_of_executions``, ``stdout``/``stderr``, ``result``, ``error``,

@@ -1,15 +1,16 @@
-"""bench/readme_table.py: the README's table of targets is built from a figures run's
-FIGURE lines alone, a missing figure is said to be missing, and only the text between the
-markers changes."""
+"""bench/perf_table.py: docs/performance.md's table of targets is built from a figures run's
+FIGURE lines alone, a missing figure is said to be missing, only the text between the
+markers changes, and the committed table is what the committed runs it names give."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench import readme_table
+from bench import perf_table
 
 RUN = """
 ## python bench/create_floor_bench.py --n 60
@@ -28,13 +29,11 @@ some other line FIGURE pg.replay.p50 1
 def test_the_table_holds_the_runs_figures_and_says_which_are_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        "before\n<!-- figures:begin (old) -->\n| stale |\n<!-- figures:end -->\nafter\n"
-    )
+    doc = tmp_path / "performance.md"
+    doc.write_text("before\n<!-- figures:begin (old) -->\n| stale |\n<!-- figures:end -->\nafter\n")
     run = tmp_path / "figures-x.txt"
     run.write_text(RUN)
-    text = readme_table.table(readme_table.parse(run.read_text()), run.name)
+    text = perf_table.table(perf_table.parse(run.read_text()), run.name)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()[3:-1]}
     assert "2.10× (26.9 ÷ 12.8 ms)" in rows["SDK create ÷ its floor, cold: ≤ 3×"]
     assert rows["SDK create ÷ its floor, cold: ≤ 3×"].endswith("| ✔ |")
@@ -46,10 +45,10 @@ def test_the_table_holds_the_runs_figures_and_says_which_are_missing(
     assert "17.0 ms" in rows["reconcile tick at 1 000 sandboxes, p50: ≤ 20 ms"]
     assert "(PostgreSQL only)" in rows["v1 list at 10 000 live (8 572 running), p50: ≤ 50 ms"]
 
-    monkeypatch.setattr(sys, "argv", ["readme_table.py", str(run), "--readme", str(readme)])
-    assert readme_table.main() == 0
-    written = readme.read_text()
-    assert written.startswith("before\n<!-- figures:begin (written by bench/readme_table.py")
+    monkeypatch.setattr(sys, "argv", ["perf_table.py", str(run), "--doc", str(doc)])
+    assert perf_table.main() == 0
+    written = doc.read_text()
+    assert written.startswith("before\n<!-- figures:begin (written by bench/perf_table.py")
     assert written.endswith("<!-- figures:end -->\nafter\n")
     assert "stale" not in written and written.count("figures:begin") == 1
 
@@ -57,7 +56,24 @@ def test_the_table_holds_the_runs_figures_and_says_which_are_missing(
 def test_several_runs_give_each_figure_its_median() -> None:
     runs = [f"FIGURE pg.reconcile.1000.tick_p50 {v}\n" for v in ("17", "25", "19")]
     runs.append("FIGURE sqlite.reconcile.1000.tick_p50 30\n")  # a run with another figure
-    figures = readme_table.parse(*runs)
+    figures = perf_table.parse(*runs)
     assert figures == {"pg.reconcile.1000.tick_p50": 19.0, "sqlite.reconcile.1000.tick_p50": 30.0}
-    row = next(r for r in readme_table.table(figures, "x").splitlines() if "reconcile" in r)
+    row = next(r for r in perf_table.table(figures, "x").splitlines() if "reconcile" in r)
     assert "19.0 ms" in row and "30.0 ms" in row and row.endswith("| ✔ |")
+
+
+def test_the_committed_table_is_what_the_committed_runs_it_names_give() -> None:
+    # The table in docs/performance.md names the runs it was written from; those runs are
+    # committed beside the scripts, so writing the table again from them changes nothing.
+    text = perf_table.DOC.read_text()
+    start, end = text.index(perf_table.BEGIN), text.index(perf_table.END)
+    begin_line = text[start : text.index("\n", start)]
+    match = re.search(r"from (?:the median of \d+ runs: )?(.+?); do not edit", begin_line)
+    assert match, begin_line
+    names = match.group(1).split(", ")
+    runs = [perf_table.DOC.parents[1] / "bench" / name for name in names]
+    assert all(run.is_file() for run in runs), runs
+    figures = perf_table.parse(*(run.read_text() for run in runs))
+    assert figures, "the runs hold no FIGURE line"
+    source = names[0] if len(names) == 1 else f"the median of {len(names)} runs: {match.group(1)}"
+    assert text[start : end + len(perf_table.END)] == perf_table.table(figures, source)

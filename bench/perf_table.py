@@ -1,9 +1,9 @@
-"""Write the README's table of the hot path's targets from ``bench/figures.sh`` runs.
+"""Write docs/performance.md's table of the hot path's targets from ``bench/figures.sh`` runs.
 
-    .venv/bin/python bench/readme_table.py RUN.txt [RUN.txt ...] [--readme README.md]
+    .venv/bin/python bench/perf_table.py RUN.txt [RUN.txt ...] [--doc docs/performance.md]
 
 Reads the ``FIGURE <name> <value>`` lines the benches print (``bench/stats.figure``), takes
-each figure's median over the runs given, and replaces what stands between the README's
+each figure's median over the runs given, and replaces what stands between the document's
 ``<!-- figures:begin`` and ``<!-- figures:end -->`` markers. A figure no run has (its bench
 failed, or was not run) is written as such, never carried over from an older table.
 """
@@ -20,6 +20,8 @@ from pathlib import Path
 
 BEGIN = "<!-- figures:begin"
 END = "<!-- figures:end -->"
+
+DOC = Path(__file__).parents[1] / "docs" / "performance.md"
 
 Figures = dict[str, float]
 
@@ -123,7 +125,7 @@ def parse(*texts: str) -> Figures:
 
 def table(figures: Figures, source: str) -> str:
     lines = [
-        f"{BEGIN} (written by bench/readme_table.py from {source}; do not edit) -->",
+        f"{BEGIN} (written by bench/perf_table.py from {source}; do not edit) -->",
         "| hot-path target | PostgreSQL | SQLite | |",
         "|---|---|---|---|",
     ]
@@ -148,17 +150,17 @@ def table(figures: Figures, source: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="figures.sh output files")
-    parser.add_argument("--readme", type=Path, default=Path(__file__).parents[1] / "README.md")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the document holding the table")
     args = parser.parse_args()
-    text = args.readme.read_text()
+    text = args.doc.read_text()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        sys.exit(f"{args.readme} has no {BEGIN} ... {END} markers")
+        sys.exit(f"{args.doc} has no {BEGIN} ... {END} markers")
     names = [run.name for run in args.runs]
     source = names[0] if len(names) == 1 else f"the median of {len(names)} runs: {', '.join(names)}"
     figures = parse(*(run.read_text() for run in args.runs))
-    args.readme.write_text(text[:start] + table(figures, source) + text[end + len(END) :])
-    print(f"{args.readme}: the figures table now holds {source}")
+    args.doc.write_text(text[:start] + table(figures, source) + text[end + len(END) :])
+    print(f"{args.doc}: the figures table now holds {source}")
     return 0
 
 
