@@ -1,5 +1,6 @@
 """Every row of the retry table (docs/idempotency.md, "Retry table"), through a real running
-server: gunicorn with 4 workers and the lifecycle worker, its own database and sandbox root, raw HTTP.
+server: gunicorn with 4 workers and the lifecycle worker, its own database and sandbox root,
+raw HTTP.
 
 Each row sends the same request 5 times and 50 times in a row, and from two callers at
 once (two threads released by a barrier, several rounds), and asserts exactly the answers
