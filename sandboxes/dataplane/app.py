@@ -45,6 +45,7 @@ from sandboxes.dataplane.target import (  # noqa: E402
     UNAUTHORIZED,
     Caller,
     Response,
+    StreamCut,
     Target,
     basic_user,
     current,
@@ -242,6 +243,12 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
     shared = streams.share(streams.Share(sandbox.sandbox_id, team))
     try:
         await _serve(scope, receive, send, sandbox, target)
+    except StreamCut as cut:
+        if not cut.reset:
+            raise  # only the server can drop this connection
+        # Expected (the sandbox ended under the stream, or the client stopped reading):
+        # the client has seen the reset, and there is nothing to report but the reason.
+        log.info("data plane: cut a stream of sandbox %s: %s", sandbox.sandbox_id, cut)
     finally:
         streams.unshare(shared)
 

@@ -56,6 +56,11 @@ class H11Protocol(uvicorn.protocols.http.h11_impl.H11Protocol):
                 socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
             )
         self.transport.abort()
+        # The response ends here: marked at once (connection_lost, which marks it too, runs
+        # only on the loop's next turn), so that the app returning right after the reset is
+        # not reported as a response it left incomplete.
+        if self.cycle is not None:
+            self.cycle.disconnected = True
 
 
 def serve(sock: socket.socket) -> None:

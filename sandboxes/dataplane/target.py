@@ -70,14 +70,26 @@ def cutting(scope: dict[str, Any], send: Any, state: Response) -> Any:
     return guarded
 
 
+class StreamCut(ConnectionAbortedError):
+    """A response cut on purpose (:func:`cut_connection`), ``why`` its reason. ``reset``:
+    the connection is reset already, so the exception has nothing left to do and
+    ``app.application`` ends the request quietly; without a reset it must reach the
+    server, which then drops the connection."""
+
+    def __init__(self, why: str, *, reset: bool) -> None:
+        super().__init__(why)
+        self.reset = reset
+
+
 def cut_connection(scope: dict[str, Any], why: str) -> NoReturn:
     """End a response already started as a dead sandbox ends one: a TCP reset (the data
-    plane server's ``e2bfacade.reset`` extension, server.H11Protocol), then an exception,
-    which makes any server drop the connection."""
+    plane server's ``e2bfacade.reset`` extension, server.H11Protocol), then
+    :class:`StreamCut`, which unwinds the request (and makes any server drop a
+    connection it could not reset)."""
     reset = scope.get("extensions", {}).get("e2bfacade.reset")
     if reset is not None:
         reset()
-    raise ConnectionAbortedError(why)
+    raise StreamCut(why, reset=reset is not None)
 
 
 def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -1,0 +1,112 @@
+"""Streams cut because their sandbox ended (killed, paused) under them: the client sees a
+reset connection, as when envd's VM goes away, and the data plane logs one info line with
+the reason. A cut is expected, so its log shows no traceback and no error.
+
+What a download from a killed sandbox does is not here: the file is read from a descriptor
+opened before the kill, so the download completes."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxNotRunningException
+from e2b.envd.rpc import is_transport_failure
+
+from tests.support.live_server import LiveServer
+
+# A guest service whose answer never ends on its own: a long body sent in small pieces.
+TRICKLE = """
+import http.server, time
+class Trickle(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 30))
+        self.end_headers()
+        while True:
+            self.wfile.write(b"x" * 1024)
+            self.wfile.flush()
+            time.sleep(0.05)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Trickle).serve_forever()
+"""
+LOG_WAIT_SECONDS = 10
+
+
+@pytest.fixture
+def sandbox(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    monkeypatch.setenv("E2B_API_KEY", server.api_key)
+    sbx = Sandbox.create(timeout=600)
+    try:
+        yield sbx
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+@contextlib.contextmanager
+def quietly_cut(server: LiveServer, reason: str) -> Iterator[None]:
+    """The block cuts one stream: the log written meanwhile (and until the data plane has
+    logged the cut) holds the cut's info line and no traceback."""
+    start = server.log_path.stat().st_size
+    yield
+    deadline = time.monotonic() + LOG_WAIT_SECONDS
+    while True:
+        with server.log_path.open("rb") as log:
+            log.seek(start)
+            written = log.read().decode(errors="replace")
+        if reason in written or "Traceback" in written or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert "Traceback" not in written, written
+    # Nor any other error of the server's ("Exception in ASGI application", "ASGI callable
+    # returned without completing response").
+    assert not [line for line in written.splitlines() if line.startswith("ERROR:")], written
+    cuts = [line for line in written.splitlines() if "data plane: cut a stream" in line]
+    assert len(cuts) == 1 and reason in cuts[0], written
+
+
+@pytest.mark.parametrize("end", ["kill", "pause"])
+def test_a_command_stream_cut_by_its_sandbox_ending_is_reset_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox, end: str
+) -> None:
+    handle = sandbox.commands.run("sleep 60", background=True)
+    with quietly_cut(server, "the sandbox ended while the stream was open"):
+        ending = threading.Timer(0.5, getattr(sandbox, end))
+        ending.start()
+        try:
+            with pytest.raises(SandboxNotRunningException) as raised:
+                handle.wait()
+        finally:
+            ending.join()
+    cause = raised.value.__cause__
+    assert isinstance(cause, Exception) and is_transport_failure(cause), repr(cause)
+
+
+def test_a_port_response_cut_by_a_kill_is_reset_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox
+) -> None:
+    sandbox.files.write("/tmp/trickle.py", TRICKLE)
+    sandbox.commands.run("python3 /tmp/trickle.py", background=True)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
+    with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
+        for _ in range(100):  # until the service listens
+            with client.stream("GET", "/") as answer:
+                if answer.status_code == 200:
+                    body = answer.iter_raw()
+                    assert next(body)
+                    with quietly_cut(server, "the sandbox's port 8000 closed in mid-response"):
+                        sandbox.kill()
+                        with pytest.raises(httpx.ReadError, match="Connection reset"):
+                            for _ in body:
+                                pass
+                    return
+            time.sleep(0.1)
+    pytest.fail("the guest's service never answered on port 8000")
