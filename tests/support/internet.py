@@ -309,7 +309,7 @@ def serve(config_path: str) -> None:
 def hold() -> None:
     """``python -m tests.support.internet hold``: make a test internet, print what a server
     needs to use it (as shell exports), and keep it until interrupted (for benches and the
-    referee run; see docs/compatibility.md "The network area")."""
+    referee run; see docs/compatibility.md, "Running the referee")."""
     import signal
 
     with TestInternet() as internet:
