@@ -335,6 +335,9 @@ static void start_maker(struct launch *l) {
         refuse(l->conn, "ERR %s: %s", cgroup_fd >= 0 ? "clone3 into cgroup" : "fork", strerror(errno));
     if (cgroup_fd >= 0) close(cgroup_fd); /* both sides: no guest may inherit a host group */
     if (l->maker == 0) run_maker(l);
+    /* The report's write end is the maker's and the init's alone: with ours open, a maker
+     * killed before it wrote would leave await_namespaces reading it for ever. */
+    close(l->rep[1]);
     close(l->sync[1]);
     close(l->go[0]);
 }
@@ -418,7 +421,6 @@ static pid_t await_init(struct launch *l) {
 
 /* The init's report, with its network link made once it runs: "OK" (N == 2) or an error. */
 static ssize_t init_report(struct launch *l, pid_t init, char *status, size_t size) {
-    close(l->rep[1]);
     ssize_t n = read(l->rep[0], status, size - 1);
     if (n == 2 && !memcmp(status, "OK", 2) && l->r.veth) {
         /* The init runs in its namespaces: give it its link to the host (net.c). */
