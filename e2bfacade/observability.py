@@ -130,8 +130,9 @@ def sandbox_lost() -> None:
 
 
 # ------------------------------------------------------------------------------ runtime
-# The operations of e2bfacade.runtime.base.Runtime: only these are timed (helpers and
-# attributes pass through), which also bounds the ``op`` label.
+# The operations of e2bfacade.runtime.base.Runtime, and of the guests it resolves
+# (e2bfacade.runtime.guest.Guest): only these are timed (helpers and attributes pass
+# through), which also bounds the ``op`` label.
 RUNTIME_OPERATIONS = (
     "import_image",
     "image_info",
@@ -147,6 +148,9 @@ RUNTIME_OPERATIONS = (
     "metrics",
     "sweep",
     "census",
+    "guest",
+)
+GUEST_OPERATIONS = (
     "start_process",
     "stat",
     "list_dir",
@@ -190,8 +194,43 @@ def metered(cls: type[T]) -> type[T]:
 
     A subclass rather than a proxy object, so that ``isinstance(get_runtime(), <the driver>)``
     still holds and the runtime's attributes (``root``, ``cgroups``) need no forwarding."""
-    timed = {op: _timed(op, getattr(cls, op)) for op in RUNTIME_OPERATIONS if hasattr(cls, op)}
+    timed: dict[str, Any] = {
+        op: _timed(op, getattr(cls, op)) for op in RUNTIME_OPERATIONS if hasattr(cls, op)
+    }
+    if "guest" in timed:
+        resolve = timed["guest"]
+
+        def guest(self: Any, sandbox_id: str) -> _MeteredGuest:
+            return _MeteredGuest(resolve(self, sandbox_id))
+
+        timed["guest"] = guest
     return cast(type[T], type(cls.__name__, (cls,), {**timed, "__module__": cls.__module__}))
+
+
+_guest_timed: dict[type, dict[str, Callable[..., Any]]] = {}  # per Guest class
+
+
+def _guest_operations(cls: type) -> dict[str, Callable[..., Any]]:
+    timed = _guest_timed.get(cls)
+    if timed is None:
+        timed = {op: _timed(op, getattr(cls, op)) for op in GUEST_OPERATIONS if hasattr(cls, op)}
+        _guest_timed[cls] = timed
+    return timed
+
+
+class _MeteredGuest:
+    """A resolved guest whose operations record their duration, under the names the
+    runtime's own had (``op="start_process"``); everything else passes through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._timed = _guest_operations(type(inner))
+
+    def __getattr__(self, name: str) -> Any:
+        op = self._timed.get(name)
+        if op is None:
+            return getattr(self._inner, name)
+        return functools.partial(op, self._inner)
 
 
 # ----------------------------------------------------------------------------- scraping

@@ -3,7 +3,10 @@ sandboxes. Django-free by rule (``tests/runtime/test_contract.py`` checks it): d
 plain Python over the host's kernel or an orchestrator's API, so they can be tested, reused
 and reasoned about without settings, models or requests.
 
-- :mod:`.base` — the interface: specs, infos, errors, capabilities, processes, files.
+- :mod:`.base` — the host's half of the interface (``Runtime``): specs, infos, errors,
+  capabilities, and the types both halves use.
+- :mod:`.guest` — the guest's half (``Guest``, from ``Runtime.guest``): processes, files,
+  watchers, ports.
 - :mod:`.registry` — drivers by name (``SANDBOX_RUNTIME``).
 - :mod:`.local` — the ``local`` driver: Linux namespaces, overlayfs and cgroups on this host.
 

@@ -1,4 +1,7 @@
-"""The runtime interface: what the control plane may ask of a sandbox backend.
+"""The runtime interface: what the control plane may ask of a sandbox backend — the host's
+half (images, sandboxes' lifecycle, capacity, pools, the sweep), and the types both halves
+share. The guest's half, envd's (processes, files, watchers, ports), is :mod:`.guest`,
+reached through :meth:`Runtime.guest`.
 
 Every operation is keyed by an id the control plane chose, and every mutating operation is
 idempotent by that id. That is what lets the idempotency layer re-drive a create after a
@@ -11,7 +14,6 @@ from __future__ import annotations
 import builtins
 import enum
 import re
-import socket
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,9 +129,9 @@ class Capability(enum.StrEnum):
     MEMORY_SNAPSHOTS = "memory_snapshots"  # snapshots that capture process memory
     VOLUME_MOUNTS = "volume_mounts"  # persistent volumes mounted into the guest
     DISK_QUOTA = "disk_quota"  # diskSizeMB enforced
-    PROCESSES = "processes"  # start_process: commands inside the guest
-    PTY = "pty"  # start_process with a terminal
-    FILES = "files"  # the file operations below
+    PROCESSES = "processes"  # Guest.start_process: commands inside the guest
+    PTY = "pty"  # Guest.start_process with a terminal
+    FILES = "files"  # the Guest's file operations
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ class ProcessSpec:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """A running process as :meth:`Runtime.list_processes` shows it: what it was started
+    """A running process as :meth:`.guest.Guest.list_processes` shows it: what it was started
     with (``env`` is what the caller asked for on top of the sandbox's env vars)."""
 
     pid: int
@@ -537,8 +539,10 @@ class Runtime(Protocol):
         ...
 
     def guest(self, sandbox_id: str) -> Guest:
-        """The running sandbox's guest side, resolved once (:mod:`.guest`): raises
-        SandboxNotFound, or RuntimeConflict when it is not running."""
+        """The running sandbox's guest side (:class:`.guest.Guest`), resolved once: the
+        sandbox's state is read here and never again by the Guest's calls. Raises
+        SandboxNotFound, or RuntimeConflict when it is not running (paused, or dead). The
+        Guest keeps what it resolved, so a caller resolves one per request, not per call."""
         ...
 
     def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:
@@ -546,90 +550,4 @@ class Runtime(Protocol):
         sandboxes, half-made ones, leftover groups); returns the ids released. Safe beside
         running operations. ``seen_live``: ids the caller has just seen live (from
         :meth:`live_ids`), which the sweep need not look at again."""
-        ...
-
-    # The data plane. Paths are guest paths: absolute, or relative to the user's home.
-    # They are resolved inside the guest's own root (its symlinks cannot lead out of it)
-    # and used with the user's permissions; what is created is owned by the user.
-    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> GuestProcess:
-        """Start ``spec``. The process belongs to the sandbox, not to the caller: it runs on
-        when the returned handle is closed or the calling process exits, until it ends or
-        its lifetime does, and the by-pid calls below reach it from any process."""
-        ...
-
-    def list_processes(self, sandbox_id: str) -> builtins.list[ProcessInfo]: ...
-    def connect_process(self, sandbox_id: str, pid: int) -> GuestProcess:
-        """Follow a running process's output from now on (every follower gets all of it);
-        for one that ended moments ago, a handle whose output is empty and whose wait()
-        answers at once. Raises ProcessNotFound."""
-        ...
-
-    def process_stdin(self, sandbox_id: str, pid: int, data: bytes) -> None: ...
-    def process_close_stdin(self, sandbox_id: str, pid: int) -> None: ...
-    def process_signal(self, sandbox_id: str, pid: int, signum: int) -> None:
-        """Signal the process's group. Raises ProcessNotFound."""
-        ...
-
-    def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None: ...
-    def watch_dir(
-        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
-    ) -> DirWatch:
-        """Follow the changes of a directory (and, ``recursive``, of every one under it)."""
-        ...
-
-    def create_watcher(
-        self,
-        sandbox_id: str,
-        path: str,
-        *,
-        recursive: bool = False,
-        user: str | None = None,
-        include_entry: bool = False,
-    ) -> str:
-        """A watcher kept by the sandbox, whose changes :meth:`watcher_events` drains: it
-        outlives the caller, as a process does. Its id is returned. ``include_entry`` is
-        kept with it for the caller (who looks the entries up)."""
-        ...
-
-    def watcher_events(self, sandbox_id: str, watcher_id: str) -> WatcherChanges:
-        """Raises GuestFileError(ENOENT) for an unknown watcher, EOVERFLOW when changes
-        were lost since the last call."""
-        ...
-
-    def remove_watcher(self, sandbox_id: str, watcher_id: str) -> None: ...
-    def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
-        """A TCP connection to ``port`` on the sandbox's own loopback (what listens inside
-        it, reached from the host without any network between them). Raises
-        GuestFileError(ECONNREFUSED) when nothing listens there."""
-        ...
-
-    def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo: ...
-    def list_dir(
-        self, sandbox_id: str, path: str, *, user: str | None = None, depth: int = 1
-    ) -> builtins.list[EntryInfo]: ...
-    def make_dir(self, sandbox_id: str, path: str, *, user: str | None = None) -> bool:
-        """Create the directory and its missing parents; False when it already existed."""
-        ...
-
-    def move(
-        self, sandbox_id: str, source: str, destination: str, *, user: str | None = None
-    ) -> EntryInfo: ...
-    def remove(self, sandbox_id: str, path: str, *, user: str | None = None) -> None:
-        """Remove a file or a directory tree; a missing path is not an error."""
-        ...
-
-    def read_file(
-        self, sandbox_id: str, path: str, *, user: str | None = None, chunk_size: int = 65536
-    ) -> Iterator[bytes]: ...
-    def write_file(
-        self,
-        sandbox_id: str,
-        path: str,
-        chunks: Iterable[bytes],
-        *,
-        user: str | None = None,
-        metadata: Mapping[str, str] | None = None,
-    ) -> EntryInfo:
-        """Replace the file's content with ``chunks``, creating missing parents. With
-        ``metadata`` (None: leave it), the file's metadata becomes exactly that map."""
         ...

@@ -3,9 +3,9 @@ it for a ``SANDBOX_ROOT``). A driver is registered as ``"module:Class"`` so that
 here costs no import: a host without a driver's dependencies can still run the others.
 
 A new driver (kubernetes via agent-sandbox, gvisor, ...) is one module exposing a class with
-``name``, ``capabilities``, ``capabilities_for`` and the methods of :class:`.base.Runtime`,
-one line here, and a passing run of ``tests/runtime/test_contract.py`` against it
-(docs/ARCHITECTURE.md, "Where new code goes").
+``name``, ``capabilities``, ``capabilities_for`` and the methods of :class:`.base.Runtime`
+(its ``guest()`` returning a :class:`.guest.Guest`), one line here, and a passing run of
+``tests/runtime/test_contract.py`` against it (docs/ARCHITECTURE.md, "Where new code goes").
 """
 
 from __future__ import annotations

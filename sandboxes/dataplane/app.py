@@ -28,11 +28,11 @@ from e2b.envd.process.process_connect import ProcessASGIApplication  # noqa: E40
 from e2bfacade.errors import ApiError  # noqa: E402
 from e2bfacade.runtime.base import (  # noqa: E402
     PauseMode,
-    SandboxInfo,
-    SandboxNotFound,
+    RuntimeConflict,
     SandboxRuntimeError,
     SandboxState,
 )
+from e2bfacade.runtime.guest import Guest  # noqa: E402
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
 from sandboxes.dataplane import streams  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
@@ -119,25 +119,43 @@ async def _deny(send: Send, status: int, message: str, **extra: object) -> None:
     await respond(send, status, json_body(status, message, **extra))
 
 
-def _auto_resume(sandbox_id: str) -> SandboxInfo | None:
+def _guest_of(sandbox_id: str) -> Guest | None:
+    """The running sandbox's guest, resolved once for the request (the one read of its
+    state); None when it does not run. A paused one created with autoResume wakes first,
+    as on E2B, if it kept its memory: traffic never cold-boots one that kept only its
+    files (E2B refuses that too; connect() does it)."""
+    runtime = get_runtime()
+    try:
+        return runtime.guest(sandbox_id)
+    except RuntimeConflict:
+        pass  # not running: paused, or dead
+    except SandboxRuntimeError:
+        return None  # never made, or killed
+    try:
+        sandbox = runtime.status(sandbox_id)
+        if sandbox.state is not SandboxState.PAUSED or sandbox.pause_mode is PauseMode.FILESYSTEM:
+            return None
+        return runtime.guest(sandbox_id) if _auto_resume(sandbox_id) else None
+    except SandboxRuntimeError:
+        return None
+
+
+def _auto_resume(sandbox_id: str) -> bool:
     """Resume a paused sandbox that was created with ``autoResume`` (through the control
-    plane's own transition, so the database and the runtime agree); its status after, or
-    None when it does not auto-resume. The only database read of the data plane, and only
-    on this path."""
+    plane's own transition, so the database and the runtime agree); False when it does not
+    auto-resume. The only database read of the data plane, and only on this path."""
     from sandboxes.models import Sandbox
     from sandboxes.services import sandbox_connect
 
     try:
         row = Sandbox.objects.select_related("team").filter(sandbox_id=sandbox_id).first()
         if row is None or not row.auto_resume:
-            return None
+            return False
         try:
             sandbox_connect(team=row.team, sandbox_id=sandbox_id, timeout=AUTO_RESUME_SECONDS)
         except ApiError:
             pass  # another request resumed it first (or it is being killed): look again
-        return get_runtime().status(sandbox_id)
-    except SandboxRuntimeError:
-        return None
+        return True
     finally:
         close_old_connections()
 
@@ -222,42 +240,32 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
             f"name <port>-<sandboxID>.{settings.SANDBOX_DOMAIN}",
         )
         return
-    try:
-        sandbox = await streams.call(get_runtime().status, target.sandbox_id)
-    except (SandboxNotFound, SandboxRuntimeError):
-        sandbox = None
-    if sandbox is not None and sandbox.state is SandboxState.PAUSED:
-        # A sandbox created with autoResume wakes on its first request, as on E2B, if it
-        # kept its memory: traffic never cold-boots one that kept only its files (E2B
-        # refuses that too; connect() does it).
-        if sandbox.pause_mode is not PauseMode.FILESYSTEM:
-            sandbox = await streams.call(_auto_resume, target.sandbox_id) or sandbox
-    if sandbox is None or sandbox.state is not SandboxState.RUNNING:
+    guest = await streams.call(_guest_of, target.sandbox_id)
+    if guest is None:
         # Killed, never made, or paused (no auto-resume): as E2B's proxy answers.
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1011})
             return
         await _deny(send, 502, NOT_FOUND, sandboxId=target.sandbox_id)
         return
-    team = await _team_of(sandbox.sandbox_id)
-    shared = streams.share(streams.Share(sandbox.sandbox_id, team))
+    team = await _team_of(guest.sandbox_id)
+    shared = streams.share(streams.Share(guest.sandbox_id, team))
     try:
-        await _serve(scope, receive, send, sandbox, target)
+        await _serve(scope, receive, send, guest, target)
     except StreamCut as cut:
         if not cut.reset:
             raise  # only the server can drop this connection
         # Expected (the sandbox ended under the stream, or the client stopped reading):
         # the client has seen the reset, and there is nothing to report but the reason.
-        log.info("data plane: cut a stream of sandbox %s: %s", sandbox.sandbox_id, cut)
+        log.info("data plane: cut a stream of sandbox %s: %s", guest.sandbox_id, cut)
     finally:
         streams.unshare(shared)
 
 
-async def _serve(
-    scope: Scope, receive: Receive, send: Send, sandbox: SandboxInfo, target: Target
-) -> None:
+async def _serve(scope: Scope, receive: Receive, send: Send, guest: Guest, target: Target) -> None:
     """The request, for a running sandbox, within its share of the threads."""
     headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    sandbox = guest.info
     if target.port != ENVD_PORT:
         refused = traffic_refusal(sandbox, header(headers, b"e2b-traffic-access-token"))
         if refused is not None:
@@ -266,7 +274,7 @@ async def _serve(
             else:
                 await _deny(send, 403, refused, sandboxId=sandbox.sandbox_id)
             return
-        await forward(scope, receive, send, sandbox, target.port)
+        await forward(scope, receive, send, guest, target.port)
         return
     path = scope.get("path", "")
     if path == "/health":
@@ -282,9 +290,9 @@ async def _serve(
     if path == "/files":
         # The user of /files is its ``username`` parameter (which a signed URL's signature
         # covers), never the Authorization header: files.files_user.
-        await files(scope, receive, send, Caller(sandbox, None))
+        await files(scope, receive, send, Caller(guest, None))
         return
-    caller = Caller(sandbox, basic_user(headers))
+    caller = Caller(guest, basic_user(headers))
     if not token_ok(sandbox, header(headers, b"x-access-token")):
         await _deny(send, 401, UNAUTHORIZED)
         return

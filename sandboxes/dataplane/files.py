@@ -27,7 +27,6 @@ from python_multipart.exceptions import ParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from e2bfacade.runtime.base import GuestFileError, SandboxRuntimeError, UnknownUser
-from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.target import (
     UNAUTHORIZED,
@@ -146,12 +145,8 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
     query = query_of(scope)
     path = query.get("path", "")
     user = files_user(query)
-    sandbox_id = caller.sandbox.sandbox_id
-    runtime = get_runtime()
     try:
-        reader = await streams.call(
-            runtime.read_file, sandbox_id, path, user=user, chunk_size=CHUNK
-        )
+        reader = await streams.call(caller.guest.read_file, path, user=user, chunk_size=CHUNK)
     except SandboxRuntimeError as exc:
         raise files_error(exc, path) from None
 
@@ -297,9 +292,7 @@ def _write(
     caller: Caller, path: str, user: str | None, data: Iterator[bytes], metadata: dict[str, str]
 ) -> dict[str, Any]:
     try:
-        entry = get_runtime().write_file(
-            caller.sandbox.sandbox_id, path, data, user=user, metadata=metadata
-        )
+        entry = caller.guest.write_file(path, data, user=user, metadata=metadata)
     except SandboxRuntimeError as exc:
         raise files_error(exc, path) from None
     written: dict[str, Any] = {"path": entry.path, "name": entry.name, "type": "file"}

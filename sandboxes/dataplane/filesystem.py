@@ -30,7 +30,7 @@ from e2bfacade.runtime.base import (
     GuestFileError,
     SandboxRuntimeError,
 )
-from e2bfacade.sandbox_runtime import get_runtime
+from e2bfacade.runtime.guest import Guest
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.process import keepalive_interval, rpc, rpc_error
 from sandboxes.dataplane.target import Caller, current
@@ -61,7 +61,7 @@ def permissions(mode: int) -> str:
     return kind + bits
 
 
-def _followed(sandbox_id: str, user: str | None, entry: EntryInfo) -> tuple[EntryInfo | None, str]:
+def _followed(guest: Guest, user: str | None, entry: EntryInfo) -> tuple[EntryInfo | None, str]:
     """What a symlink points at (None when it dangles or loops) and its absolute target."""
     target = posixpath.normpath(
         posixpath.join(posixpath.dirname(entry.path), entry.symlink_target or "")
@@ -69,7 +69,7 @@ def _followed(sandbox_id: str, user: str | None, entry: EntryInfo) -> tuple[Entr
     seen = entry
     for _ in range(MAX_LINK_HOPS):
         try:
-            seen = get_runtime().stat(sandbox_id, target, user=user)
+            seen = guest.stat(target, user=user)
         except GuestFileError:
             return None, target
         if seen.type is not FileType.SYMLINK:
@@ -80,11 +80,11 @@ def _followed(sandbox_id: str, user: str | None, entry: EntryInfo) -> tuple[Entr
     return None, target
 
 
-def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryInfo:
+def entry_info(guest: Guest, user: str | None, entry: EntryInfo) -> pb.EntryInfo:
     """Blocking (a symlink's target is looked up): call on a thread."""
     shown, target, link = entry, None, entry.type is FileType.SYMLINK
     if link:
-        followed, target = _followed(sandbox_id, user, entry)
+        followed, target = _followed(guest, user, entry)
         shown = followed if followed is not None else entry
     kind = FILE_TYPES.get(shown.type, pb.FileType.UNSPECIFIED)
     if link and shown is entry:
@@ -107,8 +107,8 @@ def entry_info(sandbox_id: str, user: str | None, entry: EntryInfo) -> pb.EntryI
     )
 
 
-def _stat_info(sandbox_id: str, user: str | None, path: str) -> pb.EntryInfo:
-    return entry_info(sandbox_id, user, get_runtime().stat(sandbox_id, path, user=user))
+def _stat_info(guest: Guest, user: str | None, path: str) -> pb.EntryInfo:
+    return entry_info(guest, user, guest.stat(path, user=user))
 
 
 def fs_event(caller: Caller, root: str, change: FsEvent, include_entry: bool) -> pb.FilesystemEvent:
@@ -117,9 +117,8 @@ def fs_event(caller: Caller, root: str, change: FsEvent, include_entry: bool) ->
     (No network mounts are ever watched here: ``allowNetworkMounts`` changes nothing.)"""
     entry = None
     if include_entry and change.change in (FsChange.CREATE, FsChange.WRITE, FsChange.CHMOD):
-        sandbox_id = caller.sandbox.sandbox_id
         with contextlib.suppress(SandboxRuntimeError):
-            entry = _stat_info(sandbox_id, caller.user, posixpath.join(root, change.name))
+            entry = _stat_info(caller.guest, caller.user, posixpath.join(root, change.name))
     return pb.FilesystemEvent(name=change.name, type=EVENT_TYPES[change.change], entry=entry)
 
 
@@ -130,18 +129,17 @@ class FilesystemService:
         self, request: pb.StatRequest, ctx: RequestContext[object, object]
     ) -> pb.StatResponse:
         caller = current.get()
-        entry = await rpc(_stat_info, caller.sandbox.sandbox_id, caller.user, request.path)
+        entry = await rpc(_stat_info, caller.guest, caller.user, request.path)
         return pb.StatResponse(entry=entry)
 
     async def make_dir(
         self, request: pb.MakeDirRequest, ctx: RequestContext[object, object]
     ) -> pb.MakeDirResponse:
         caller = current.get()
-        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
-        runtime = get_runtime()
+        guest, user = caller.guest, caller.user
         try:
-            made = await streams.call(runtime.make_dir, sandbox_id, request.path, user=user)
-            entry = await streams.call(_stat_info, sandbox_id, user, request.path)
+            made = await streams.call(guest.make_dir, request.path, user=user)
+            entry = await streams.call(_stat_info, guest, user, request.path)
         except GuestFileError as exc:
             if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a file is in the way
                 raise ConnectError(
@@ -158,25 +156,22 @@ class FilesystemService:
         self, request: pb.MoveRequest, ctx: RequestContext[object, object]
     ) -> pb.MoveResponse:
         caller = current.get()
-        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
-        moved = await rpc(
-            get_runtime().move, sandbox_id, request.source, request.destination, user=user
-        )
-        entry = await rpc(entry_info, sandbox_id, user, moved)
+        guest, user = caller.guest, caller.user
+        moved = await rpc(guest.move, request.source, request.destination, user=user)
+        entry = await rpc(entry_info, guest, user, moved)
         return pb.MoveResponse(entry=entry)
 
     async def list_dir(
         self, request: pb.ListDirRequest, ctx: RequestContext[object, object]
     ) -> pb.ListDirResponse:
         caller = current.get()
-        sandbox_id, user = caller.sandbox.sandbox_id, caller.user
+        guest, user = caller.guest, caller.user
         depth = request.depth or 1
 
         def listed() -> list[pb.EntryInfo]:
-            runtime = get_runtime()
-            entry = runtime.stat(sandbox_id, request.path, user=user)
+            entry = guest.stat(request.path, user=user)
             if entry.type is FileType.SYMLINK:
-                followed, _ = _followed(sandbox_id, user, entry)
+                followed, _ = _followed(guest, user, entry)
                 if followed is None:
                     raise GuestFileError(
                         errno.ELOOP, f"path '{request.path}' is a broken or cyclic link"
@@ -185,8 +180,8 @@ class FilesystemService:
             if entry.type is not FileType.DIRECTORY:
                 raise GuestFileError(errno.ENOTDIR, f"path '{request.path}' is not a directory")
             return [
-                entry_info(sandbox_id, user, e)
-                for e in runtime.list_dir(sandbox_id, request.path, user=user, depth=depth)
+                entry_info(guest, user, e)
+                for e in guest.list_dir(request.path, user=user, depth=depth)
             ]
 
         entries = await rpc(listed)
@@ -196,7 +191,7 @@ class FilesystemService:
         self, request: pb.RemoveRequest, ctx: RequestContext[object, object]
     ) -> pb.RemoveResponse:
         caller = current.get()
-        await rpc(get_runtime().remove, caller.sandbox.sandbox_id, request.path, user=caller.user)
+        await rpc(caller.guest.remove, request.path, user=caller.user)
         return pb.RemoveResponse()
 
     # Watchers: kept by the sandbox's agent (a sync watcher outlives this process).
@@ -205,8 +200,7 @@ class FilesystemService:
     ) -> AsyncIterator[pb.WatchDirResponse]:
         caller = current.get()
         watch = await rpc(
-            get_runtime().watch_dir,
-            caller.sandbox.sandbox_id,
+            caller.guest.watch_dir,
             request.path,
             recursive=bool(request.recursive),
             user=caller.user,
@@ -237,8 +231,7 @@ class FilesystemService:
     ) -> pb.CreateWatcherResponse:
         caller = current.get()
         watcher_id = await rpc(
-            get_runtime().create_watcher,
-            caller.sandbox.sandbox_id,
+            caller.guest.create_watcher,
             request.path,
             recursive=bool(request.recursive),
             user=caller.user,
@@ -250,9 +243,7 @@ class FilesystemService:
         self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[object, object]
     ) -> pb.GetWatcherEventsResponse:
         caller = current.get()
-        changes = await rpc(
-            get_runtime().watcher_events, caller.sandbox.sandbox_id, request.watcher_id
-        )
+        changes = await rpc(caller.guest.watcher_events, request.watcher_id)
         events = await streams.call(
             lambda: [
                 fs_event(caller, changes.path, c, changes.include_entry) for c in changes.events
@@ -264,5 +255,5 @@ class FilesystemService:
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[object, object]
     ) -> pb.RemoveWatcherResponse:
         caller = current.get()
-        await rpc(get_runtime().remove_watcher, caller.sandbox.sandbox_id, request.watcher_id)
+        await rpc(caller.guest.remove_watcher, request.watcher_id)
         return pb.RemoveWatcherResponse()

@@ -15,8 +15,8 @@ import h11
 from wsproto import ConnectionType, WSConnection
 from wsproto import events as ws
 
-from e2bfacade.runtime.base import SandboxInfo, SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from e2bfacade.runtime.base import SandboxRuntimeError
+from e2bfacade.runtime.guest import Guest
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import respond
 from sandboxes.dataplane.target import PORT_CLOSED, cut_connection, header, json_body
@@ -41,12 +41,10 @@ DROPPED = {
 
 
 async def _open(
-    sandbox: SandboxInfo, port: int
+    guest: Guest, port: int
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
     try:
-        sock: socket.socket = await streams.call(
-            get_runtime().connect_port, sandbox.sandbox_id, port
-        )
+        sock: socket.socket = await streams.call(guest.connect_port, port)
     except SandboxRuntimeError:
         return None
     sock.setblocking(False)
@@ -66,17 +64,13 @@ def _forwarded_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def forward(
-    scope: Scope, receive: Receive, send: Send, sandbox: SandboxInfo, port: int
-) -> None:
+async def forward(scope: Scope, receive: Receive, send: Send, guest: Guest, port: int) -> None:
     if scope["type"] == "websocket":
-        await _websocket(scope, receive, send, sandbox, port)
+        await _websocket(scope, receive, send, guest, port)
         return
-    opened = await _open(sandbox, port)
+    opened = await _open(guest, port)
     if opened is None:
-        await respond(
-            send, 502, json_body(502, PORT_CLOSED, sandboxId=sandbox.sandbox_id, port=port)
-        )
+        await respond(send, 502, json_body(502, PORT_CLOSED, sandboxId=guest.sandbox_id, port=port))
         return
     reader, writer = opened
     conn = h11.Connection(h11.CLIENT)
@@ -161,9 +155,7 @@ async def forward(
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _websocket(
-    scope: Scope, receive: Receive, send: Send, sandbox: SandboxInfo, port: int
-) -> None:
+async def _websocket(scope: Scope, receive: Receive, send: Send, sandbox: Guest, port: int) -> None:
     first = await receive()  # websocket.connect
     if first["type"] != "websocket.connect":
         return

@@ -36,6 +36,7 @@ from e2bfacade.runtime.base import (
     Stream,
     UnknownUser,
 )
+from e2bfacade.runtime.guest import Guest
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.target import current, response
@@ -199,21 +200,20 @@ def selected_pid(selector: pb.ProcessSelector | None) -> int:
         case Oneof(field="pid", value=pid):
             return int(pid)
         case Oneof(field="tag", value=tag):
-            for info in get_runtime().list_processes(current.get().sandbox.sandbox_id):
+            for info in current.get().guest.list_processes():
                 if info.tag == tag:
                     return info.pid
             raise ConnectError(Code.NOT_FOUND, f"process with tag {tag!r} not found")
     raise ConnectError(Code.INVALID_ARGUMENT, "a process selector (pid or tag) is required")
 
 
-async def resolve_cwd(sandbox_id: str, user: str | None, cwd: str) -> str | None:
+async def resolve_cwd(guest: Guest, user: str | None, cwd: str) -> str | None:
     """The working directory as the runtime takes it (None: the user's home); a missing
     or non-directory one is refused as envd refuses it."""
     if not cwd:
         return None
-    runtime = get_runtime()
     try:
-        entry = await streams.call(runtime.stat, sandbox_id, cwd, user=user)
+        entry = await streams.call(guest.stat, cwd, user=user)
     except GuestFileError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise ConnectError(Code.INVALID_ARGUMENT, f"cwd '{cwd}' does not exist") from None
@@ -232,7 +232,7 @@ class ProcessService:
         self, request: pb.ListRequest, ctx: RequestContext[object, object]
     ) -> pb.ListResponse:
         caller = current.get()
-        infos = await rpc(get_runtime().list_processes, caller.sandbox.sandbox_id)
+        infos = await rpc(caller.guest.list_processes)
         return pb.ListResponse(
             processes=[
                 pb.ProcessInfo(
@@ -253,7 +253,6 @@ class ProcessService:
         self, request: pb.StartRequest, ctx: RequestContext[object, object]
     ) -> AsyncIterator[pb.StartResponse]:
         caller = current.get()
-        sandbox_id = caller.sandbox.sandbox_id
         config = request.process
         if config is None or not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is required")
@@ -265,7 +264,7 @@ class ProcessService:
         # Absent means a pipe (envd's old default); the SDKs send false for /dev/null.
         stdin = True if request.stdin is None else bool(request.stdin)
         try:
-            cwd = await resolve_cwd(sandbox_id, caller.user, config.cwd or "")
+            cwd = await resolve_cwd(caller.guest, caller.user, config.cwd or "")
             spec = ProcessSpec(
                 argv=(config.cmd, *config.args),
                 user=caller.user,
@@ -276,7 +275,7 @@ class ProcessService:
                 timeout=None if remaining is None else max(remaining / 1000, 0.001),
                 tag=request.tag or None,
             )
-            proc = await streams.call(get_runtime().start_process, sandbox_id, spec)
+            proc = await streams.call(caller.guest.start_process, spec)
         except SandboxRuntimeError as exc:
             raise rpc_error(exc) from None
         yield pb.StartResponse(event=start_event(proc.pid))
@@ -288,7 +287,7 @@ class ProcessService:
     ) -> AsyncIterator[pb.ConnectResponse]:
         caller = current.get()
         pid = await rpc(selected_pid, request.process)
-        proc = await rpc(get_runtime().connect_process, caller.sandbox.sandbox_id, pid)
+        proc = await rpc(caller.guest.connect_process, pid)
         yield pb.ConnectResponse(event=start_event(proc.pid))
         async for event in follow(proc, ctx, lifetime=False):
             yield pb.ConnectResponse(event=event)
@@ -301,7 +300,7 @@ class ProcessService:
             return pb.UpdateResponse()
         size = PtySize(cols=request.pty.size.cols, rows=request.pty.size.rows)
         pid = await rpc(selected_pid, request.process)
-        await rpc(get_runtime().process_resize, caller.sandbox.sandbox_id, pid, size)
+        await rpc(caller.guest.process_resize, pid, size)
         return pb.UpdateResponse()
 
     async def _input(self, pid: int, data: pb.ProcessInput | None) -> None:
@@ -310,7 +309,7 @@ class ProcessService:
                 chunk = bytes(payload)
             case _:
                 return
-        await rpc(get_runtime().process_stdin, current.get().sandbox.sandbox_id, pid, chunk)
+        await rpc(current.get().guest.process_stdin, pid, chunk)
 
     async def send_input(
         self, request: pb.SendInputRequest, ctx: RequestContext[object, object]
@@ -338,7 +337,7 @@ class ProcessService:
     ) -> pb.CloseStdinResponse:
         caller = current.get()
         pid = await rpc(selected_pid, request.process)
-        await rpc(get_runtime().process_close_stdin, caller.sandbox.sandbox_id, pid)
+        await rpc(caller.guest.process_close_stdin, pid)
         return pb.CloseStdinResponse()
 
     async def send_signal(
@@ -351,5 +350,5 @@ class ProcessService:
         if signum is None:
             raise ConnectError(Code.UNIMPLEMENTED, f"signal {request.signal} is not supported")
         pid = await rpc(selected_pid, request.process)
-        await rpc(get_runtime().process_signal, caller.sandbox.sandbox_id, pid, signum)
+        await rpc(caller.guest.process_signal, pid, signum)
         return pb.SendSignalResponse()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from e2bfacade.runtime.base import SandboxInfo
+from e2bfacade.runtime.guest import Guest
 
 ENVD_PORT = 49983
 # The sandbox id as the SDK puts it in a host name: <port>-<id>.<domain>.
@@ -31,11 +32,16 @@ class Target:
 
 @dataclass(frozen=True)
 class Caller:
-    """The request being served: its sandbox and the guest user it acts as (Basic auth's
-    user name, or None for the sandbox's default user)."""
+    """The request being served: its sandbox's guest, resolved once for the request (every
+    call of the request goes to it), and the guest user it acts as (Basic auth's user name,
+    or None for the sandbox's default user)."""
 
-    sandbox: SandboxInfo
+    guest: Guest
     user: str | None
+
+    @property
+    def sandbox(self) -> SandboxInfo:
+        return self.guest.info
 
 
 current: contextvars.ContextVar[Caller] = contextvars.ContextVar("dataplane_caller")

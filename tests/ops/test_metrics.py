@@ -16,6 +16,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.base import ProcessSpec
+from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import LocalRuntime
 from idempotency.maintenance import purge_expired
 from idempotency.models import IdempotencyRecord
@@ -118,6 +120,24 @@ def test_runtime_operations_and_idempotency_decisions_are_counted(
     assert delta(before, after, runtime_ops, op="create", outcome="ok") == 1
     assert delta(before, after, runtime_ops, op="kill", outcome="ok") == 1
     # Operations call status() inside: only the outermost operation is timed.
+    assert delta(before, after, runtime_ops, op="status", outcome="ok") == 0
+
+
+def test_a_guests_operations_are_counted_under_their_own_names(
+    anonymous_client: APIClient, create_sandbox: Callable[..., Any], runtime: LocalRuntime
+) -> None:
+    sandbox_id = create_sandbox().json()["sandboxID"]
+    before = scrape(anonymous_client)
+
+    guest = runtime.guest(sandbox_id)  # the data plane's one resolution per request
+    guest.write_file("/tmp/counted", [b"x"])
+    assert b"".join(guest.read_file("/tmp/counted")) == b"x"
+    assert run_process(guest, ProcessSpec(("true",))).exit_code == 0
+    after = scrape(anonymous_client)
+
+    runtime_ops = "e2bfacade_runtime_operation_seconds_count"
+    for op in ("guest", "write_file", "read_file", "start_process"):
+        assert delta(before, after, runtime_ops, op=op, outcome="ok") == 1, op
     assert delta(before, after, runtime_ops, op="status", outcome="ok") == 0
 
 

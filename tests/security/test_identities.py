@@ -142,11 +142,12 @@ def test_a_passwd_account_outside_the_id_range_is_refused_not_taken_by_a_host_th
     }[kind]
     ok(runtime, sandbox_id, f"echo 'evil:x:{uid}:{gid}::/tmp:/bin/sh' >> /etc/passwd")
     upper = runtime.root / "sandboxes" / sandbox_id / "disk" / "upper"
+    guest = runtime.guest(sandbox_id)
     for attempt in (
-        lambda: runtime.write_file(sandbox_id, "/tmp/evil-wrote", [b"x"], user="evil"),
-        lambda: runtime.make_dir(sandbox_id, "/tmp/evil-dir", user="evil"),
-        lambda: runtime.stat(sandbox_id, "/root", user="evil"),
-        lambda: runtime.start_process(sandbox_id, ProcessSpec(("true",), user="evil")),
+        lambda: guest.write_file("/tmp/evil-wrote", [b"x"], user="evil"),
+        lambda: guest.make_dir("/tmp/evil-dir", user="evil"),
+        lambda: guest.stat("/root", user="evil"),
+        lambda: guest.start_process(ProcessSpec(("true",), user="evil")),
     ):
         with pytest.raises(UnknownUser, match="outside the sandbox"):
             attempt()
@@ -154,5 +155,5 @@ def test_a_passwd_account_outside_the_id_range_is_refused_not_taken_by_a_host_th
     # Every file of the sandbox's is still one of its own ids.
     assert {u for u in _host_uids_in(upper) if not base <= u < base + 65536} == set()
     # An account in range still works.
-    runtime.write_file(sandbox_id, "/tmp/by-user", [b"x"], user="user")
+    guest.write_file("/tmp/by-user", [b"x"], user="user")
     assert os.stat(upper / "tmp/by-user").st_uid == base + 1000

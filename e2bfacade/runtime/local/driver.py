@@ -18,17 +18,12 @@ access token.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import re
-import secrets
-import socket
-import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -37,18 +32,12 @@ from e2bfacade.runtime.base import (
     Capacity,
     Census,
     CreateRefused,
-    DirWatch,
-    EntryInfo,
-    GuestProcess,
     ImageBuild,
     ImageInfo,
     ImageInUse,
     Metrics,
     NetworkPolicy,
     PauseMode,
-    ProcessInfo,
-    ProcessSpec,
-    PtySize,
     Runtime,
     RuntimeConflict,
     RuntimeUnavailable,
@@ -56,7 +45,6 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxState,
-    WatcherChanges,
     check_id,
 )
 from e2bfacade.runtime.local import build, census, host, metrics, snapshot, sweep
@@ -69,7 +57,7 @@ from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.pools.disks import DiskPool
 from e2bfacade.runtime.local.pools.refill import Refill
-from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
+from e2bfacade.runtime.local.pools.spares import Spares
 from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
 from e2bfacade.runtime.local.state import InitWatch, Layout
@@ -77,8 +65,6 @@ from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 log = logging.getLogger(__name__)
-HOSTNAME_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class LocalRuntime:
@@ -251,7 +237,8 @@ class LocalRuntime:
         return set(self.census().live)
 
     def guest(self, sandbox_id: str) -> LocalGuest:
-        """The running sandbox's guest side, resolved once (e2bfacade.runtime.guest)."""
+        """The running sandbox's guest side (guest/handle.py), resolved once: one read of
+        its record (init identity, id base, default user, env vars) and of its state."""
         record, info = self._require(sandbox_id, SandboxState.RUNNING)
         return LocalGuest(record, info, self.layout.sandbox_dir(sandbox_id) / "agent.sock")
 
@@ -372,45 +359,9 @@ class LocalRuntime:
             return self.destroy(sandbox_id)
 
     def destroy(self, sandbox_id: str) -> bool:
-        """Kill every process of the sandbox and remove its groups and files. Caller holds
-        the id's lock. Returns whether anything existed."""
-        d = self.layout.sandbox_dir(sandbox_id)
-        existed = d.exists() or self.cgroups.exists(sandbox_id)
-        # Gone for everyone from here on, before its processes die: whoever sees one of them
-        # end (a data-plane stream) asks, and learns that the sandbox ended, not the command.
-        with contextlib.suppress(FileNotFoundError):
-            (d / "state.json").rename(d / ".state.ending")
-        # A pool sandbox whose claim a crash interrupted (pools/warm.py) still has its groups
-        # or its slot under its pool name: those go too.
-        names = [sandbox_id]
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            origin = json.loads((d / ".state.ending").read_text())["sandbox_id"]
-            if origin != sandbox_id and is_warm(check_id(origin)):
-                names.append(origin)
-        for name in names:
-            launch.end_processes(self, name)
-        # No process of the sandbox is left: its rules, then its id range (and with it its
-        # network slot), may go to the next one. Its link went with its network namespace.
-        for name in names:
-            if self.network is not None:
-                slot = self.layout.slot_of(name)
-                if slot is not None:
-                    self.network.release(slot)
-            self.layout.id_base_free(name)
-        if d.exists():
-            # A claimed launcher that never became the sandbox's (a crash between the
-            # claim and the groups' rename) still sits in its spare groups.
-            for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
-                self.spares.discard_group(Spares.group_of(claim))
-            # Rename first: a crash halfway through never leaves a half-deleted sandbox dir
-            # that looks like a live one. What is in it is no one's now, and goes in the
-            # background: the disk's unmount waits for an RCU grace period (about 2 ms).
-            tomb = d.with_name(f".{sandbox_id}.{secrets.token_hex(4)}.deleting")
-            os.rename(d, tomb)
-            threading.Thread(
-                target=sweep.bury, args=(tomb,), name="e2bfacade-bury", daemon=True
-            ).start()
-        return existed
+        """Kill the sandbox and remove everything of it (:func:`.launcher.launch.destroy`).
+        Caller holds the id's lock. Returns whether anything existed."""
+        return launch.destroy(self, sandbox_id)
 
     def metrics(self, sandbox_id: str) -> Metrics:
         _, info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
@@ -437,92 +388,6 @@ class LocalRuntime:
         down, or a service that stops: no mount or loop device is left for them)."""
         self.warm.discard()
         self.refill.discard()
-
-    # ------------------------------------------------------------- (data plane, by id)
-    # What the data plane calls until it resolves one Guest per request.
-    def start_process(self, sandbox_id: str, spec: ProcessSpec) -> GuestProcess:
-        return self.guest(sandbox_id).start_process(spec)
-
-    def list_processes(self, sandbox_id: str) -> builtins.list[ProcessInfo]:
-        return self.guest(sandbox_id).list_processes()
-
-    def connect_process(self, sandbox_id: str, pid: int) -> GuestProcess:
-        return self.guest(sandbox_id).connect_process(pid)
-
-    def process_stdin(self, sandbox_id: str, pid: int, data: bytes) -> None:
-        self.guest(sandbox_id).process_stdin(pid, data)
-
-    def process_close_stdin(self, sandbox_id: str, pid: int) -> None:
-        self.guest(sandbox_id).process_close_stdin(pid)
-
-    def process_signal(self, sandbox_id: str, pid: int, signum: int) -> None:
-        self.guest(sandbox_id).process_signal(pid, signum)
-
-    def process_resize(self, sandbox_id: str, pid: int, size: PtySize) -> None:
-        self.guest(sandbox_id).process_resize(pid, size)
-
-    def watch_dir(
-        self, sandbox_id: str, path: str, *, recursive: bool = False, user: str | None = None
-    ) -> DirWatch:
-        return self.guest(sandbox_id).watch_dir(path, recursive=recursive, user=user)
-
-    def create_watcher(
-        self,
-        sandbox_id: str,
-        path: str,
-        *,
-        recursive: bool = False,
-        user: str | None = None,
-        include_entry: bool = False,
-    ) -> str:
-        guest = self.guest(sandbox_id)
-        return guest.create_watcher(
-            path, recursive=recursive, user=user, include_entry=include_entry
-        )
-
-    def watcher_events(self, sandbox_id: str, watcher_id: str) -> WatcherChanges:
-        return self.guest(sandbox_id).watcher_events(watcher_id)
-
-    def remove_watcher(self, sandbox_id: str, watcher_id: str) -> None:
-        self.guest(sandbox_id).remove_watcher(watcher_id)
-
-    def connect_port(self, sandbox_id: str, port: int, *, timeout: float = 5.0) -> socket.socket:
-        return self.guest(sandbox_id).connect_port(port, timeout=timeout)
-
-    def stat(self, sandbox_id: str, path: str, *, user: str | None = None) -> EntryInfo:
-        return self.guest(sandbox_id).stat(path, user=user)
-
-    def list_dir(
-        self, sandbox_id: str, path: str, *, user: str | None = None, depth: int = 1
-    ) -> builtins.list[EntryInfo]:
-        return self.guest(sandbox_id).list_dir(path, user=user, depth=depth)
-
-    def make_dir(self, sandbox_id: str, path: str, *, user: str | None = None) -> bool:
-        return self.guest(sandbox_id).make_dir(path, user=user)
-
-    def move(
-        self, sandbox_id: str, source: str, destination: str, *, user: str | None = None
-    ) -> EntryInfo:
-        return self.guest(sandbox_id).move(source, destination, user=user)
-
-    def remove(self, sandbox_id: str, path: str, *, user: str | None = None) -> None:
-        self.guest(sandbox_id).remove(path, user=user)
-
-    def read_file(
-        self, sandbox_id: str, path: str, *, user: str | None = None, chunk_size: int = 65536
-    ) -> Iterator[bytes]:
-        return self.guest(sandbox_id).read_file(path, user=user, chunk_size=chunk_size)
-
-    def write_file(
-        self,
-        sandbox_id: str,
-        path: str,
-        chunks: Iterable[bytes],
-        *,
-        user: str | None = None,
-        metadata: Mapping[str, str] | None = None,
-    ) -> EntryInfo:
-        return self.guest(sandbox_id).write_file(path, chunks, user=user, metadata=metadata)
 
 
 def _conforms(runtime: LocalRuntime) -> Runtime:

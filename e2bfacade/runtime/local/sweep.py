@@ -15,7 +15,7 @@ from e2bfacade.runtime.base import CRASH_REASON, SandboxRuntimeError
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.state import proc_starttime
-from e2bfacade.runtime.local.storage import disks, trees
+from e2bfacade.runtime.local.storage import disks
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime
@@ -42,7 +42,7 @@ def sweep(rt: LocalRuntime, seen_live: Collection[str] = ()) -> list[str]:
                 reaped.append(sid)
     for p in (rt.root / "sandboxes").iterdir():
         if p.name.endswith(".deleting"):
-            bury(p)  # a crash (or an exit) came before the background removal did
+            launch.bury(p)  # a crash (or an exit) came before the background removal did
     rt.spares.sweep(lambda: claimed_spares(rt.root), groups)
     if rt.network is not None:
         rt.network.sweep()
@@ -81,10 +81,3 @@ def claimed_spares(root: Path) -> set[str]:
             if n.startswith(CLAIM_PREFIX) and n.endswith(".sock")
         }
     return claimed
-
-
-def bury(tomb: Path) -> None:
-    """Remove a killed sandbox's directory: its disk (one unmount), then the rest."""
-    with contextlib.suppress(OSError):
-        disks.detach(tomb)
-        trees.remove_tree(tomb)

@@ -1,13 +1,18 @@
 """Launching a sandbox, the Python side (the launcher's wire is client.py): a new sandbox's
 directory, disk and record (:func:`prepare`); then its rules, groups and init, and its
 record with the init's identity, the commit point (:func:`launch`) — for a create and a
-cold boot (:func:`boot`) alike; and the end of its processes that keeps its files
-(:func:`park`)."""
+cold boot (:func:`boot`) alike; the end of its processes that keeps its files
+(:func:`park`); and its end, files and all (:func:`destroy`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import secrets
+import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from e2bfacade.runtime.base import (
@@ -19,6 +24,7 @@ from e2bfacade.runtime.base import (
     RuntimeUnavailable,
     SandboxRuntimeError,
     SandboxSpec,
+    check_id,
 )
 from e2bfacade.runtime.local import build, lxcfs
 from e2bfacade.runtime.local.guest import seed
@@ -27,7 +33,7 @@ from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.pools.warm import is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
-from e2bfacade.runtime.local.storage import disks
+from e2bfacade.runtime.local.storage import disks, trees
 from e2bfacade.runtime.local.storage.images import env_of, start_of
 
 if TYPE_CHECKING:
@@ -190,3 +196,50 @@ def end_processes(rt: LocalRuntime, name: str) -> None:
         if not rt.cgroups.wait_empty(name):
             raise RuntimeUnavailable(f"sandbox {name}: processes survived SIGKILL")
         rt.cgroups.remove(name)
+
+
+def destroy(rt: LocalRuntime, sandbox_id: str) -> bool:
+    """Kill every process of the sandbox and remove its groups and files. Caller holds
+    the id's lock. Returns whether anything existed."""
+    d = rt.layout.sandbox_dir(sandbox_id)
+    existed = d.exists() or rt.cgroups.exists(sandbox_id)
+    # Gone for everyone from here on, before its processes die: whoever sees one of them
+    # end (a data-plane stream) asks, and learns that the sandbox ended, not the command.
+    with contextlib.suppress(FileNotFoundError):
+        (d / "state.json").rename(d / ".state.ending")
+    # A pool sandbox whose claim a crash interrupted (pools/warm.py) still has its groups
+    # or its slot under its pool name: those go too.
+    names = [sandbox_id]
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        origin = json.loads((d / ".state.ending").read_text())["sandbox_id"]
+        if origin != sandbox_id and is_warm(check_id(origin)):
+            names.append(origin)
+    for name in names:
+        end_processes(rt, name)
+    # No process of the sandbox is left: its rules, then its id range (and with it its
+    # network slot), may go to the next one. Its link went with its network namespace.
+    for name in names:
+        if rt.network is not None:
+            slot = rt.layout.slot_of(name)
+            if slot is not None:
+                rt.network.release(slot)
+        rt.layout.id_base_free(name)
+    if d.exists():
+        # A claimed launcher that never became the sandbox's (a crash between the
+        # claim and the groups' rename) still sits in its spare groups.
+        for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
+            rt.spares.discard_group(Spares.group_of(claim))
+        # Rename first: a crash halfway through never leaves a half-deleted sandbox dir
+        # that looks like a live one. What is in it is no one's now, and goes in the
+        # background: the disk's unmount waits for an RCU grace period (about 2 ms).
+        tomb = d.with_name(f".{sandbox_id}.{secrets.token_hex(4)}.deleting")
+        os.rename(d, tomb)
+        threading.Thread(target=bury, args=(tomb,), name="e2bfacade-bury", daemon=True).start()
+    return existed
+
+
+def bury(tomb: Path) -> None:
+    """Remove a killed sandbox's directory: its disk (one unmount), then the rest."""
+    with contextlib.suppress(OSError):
+        disks.detach(tomb)
+        trees.remove_tree(tomb)
