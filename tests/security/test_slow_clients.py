@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from e2bfacade import front
 from tests.faults.test_supervision import Serve  # serve as the supervision suite runs it
@@ -168,3 +170,12 @@ def test_a_request_without_host_reaches_the_api(service: Serve) -> None:
     status, _, body = exchange(service, b"GET /health HTTP/1.0\r\n\r\n")
 
     assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
+def test_serve_refuses_to_start_without_nginx_saying_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(front, "nginx_binary", lambda: None)
+
+    with pytest.raises(CommandError, match=r"nginx is not installed.*nginx-light.*--no-front"):
+        call_command("serve", "--bind", "127.0.0.1:1")
