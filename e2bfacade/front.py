@@ -31,7 +31,8 @@ from pathlib import Path
 # fits in LINE_BYTES; all of them, in HEADER_BUFFERS buffers of that size.
 LINE_BYTES = 8192
 HEADER_BUFFERS = 4
-# A client must send its headers, and then every part of its body, within this.
+# A client must send its headers within this, and each part of its body within this of the
+# one before (a body trickled in holds nginx's memory, never a gunicorn worker).
 CLIENT_SECONDS = 10
 # Above gunicorn's timeout (60 s, gunicorn.conf.py), so that a slow create is gunicorn's to
 # end, never cut here first.
@@ -99,11 +100,12 @@ class Front:
         return self.directory / CONF_NAME
 
     def command(self, nginx: str) -> list[str]:
-        # -e: errors on stderr from the very start (before the configuration is read).
-        return [nginx, "-e", "stderr", "-p", f"{self.directory}/", "-c", str(self.conf)] + [
-            "-g",
-            "daemon off;",
-        ]
+        # -e: errors on stderr from the very start (before the configuration is read);
+        # -p: relative paths (pid file, temporary files) are the front's directory's.
+        return [
+            nginx, "-e", "stderr", "-p", f"{self.directory}/", "-c", str(self.conf),
+            "-g", "daemon off;",
+        ]  # fmt: skip
 
     def gunicorn_args(self) -> list[str]:
         """gunicorn's listener and limits behind this front. nginx bounds the request line
@@ -224,7 +226,8 @@ http {{
 
         location / {{
             proxy_pass http://unix:{front.socket}:;
-            # The client's Host, port included (the API answers with URLs of its own).
+            # The client's Host, port included, as the API saw it without a front (the
+            # admin's CSRF check compares a form's Origin with it).
             proxy_set_header Host $api_host;
             proxy_request_buffering on;
             proxy_buffering on;
