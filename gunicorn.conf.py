@@ -20,8 +20,9 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
 timeout = 60
 graceful_timeout = 30
 # No request-line limit: gunicorn's own 414 page is HTML, and the E2B SDKs need every error
-# in {code, message}. Django answers an oversized path with a JSON 404 instead. Put a proxy
-# with its own limits in front of a public deployment.
+# in {code, message}. `manage.py serve` puts nginx in front (e2bfacade/front.py), which
+# bounds the request line and headers and answers in that shape; a gunicorn on its own
+# (`serve --no-front`) belongs behind a proxy with limits of its own.
 limit_request_line = 0
 # Let workers finish in-flight requests on SIGTERM; recycle them now and then to bound leaks.
 max_requests = 10000

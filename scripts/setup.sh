@@ -17,9 +17,11 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # its default user has passwordless sudo to guest root, as in E2B's templates;
 # e2fsprogs: each sandbox's disk is an ext4 image made with mkfs.ext4.
 # nftables (libnftables1) and iproute2: sandbox networking; curl: the network tests' client
-# inside sandboxes (the base template's /usr is the host's).
+# inside sandboxes (the base template's /usr is the host's). nginx-light: the API's front
+# (e2bfacade/front.py), which `manage.py serve` starts before gunicorn's sync workers so that
+# slow or idle clients cannot hold them (with a configuration of its own, nothing in /etc).
 packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs nftables
-    libnftables1 iproute2 curl lxcfs)
+    libnftables1 iproute2 curl lxcfs nginx-light)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
@@ -70,6 +72,11 @@ if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # Debian's package enables and starts an nginx service of its own, on port 80 with a
+    # welcome page: not one this service wants. A host's own nginx, installed before, is left.
+    if [[ " ${missing[*]} " == *" nginx-light "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable --now nginx.service >/dev/null 2>&1 || true
+    fi
 fi
 
 # A venv whose interpreter no longer runs (python upgraded or removed) is rebuilt.

@@ -1,11 +1,12 @@
 """``manage.py serve`` supervised as one: whichever of its processes is SIGKILLed (serve
-itself, gunicorn's master, the data plane's master, the lifecycle worker), nothing of its
-tree goes on listening on the API's or the data plane's port (orphans answering there
-would hold the port against the next start and fool its readiness probe), serve started
-again on the same ports comes up and answers, and a sandbox made before still runs, the
-same init, reachable. A clean stop (SIGTERM) leaves none of the runtime's work done ahead
-(the mounts and loop devices of pooled disks, parked launchers) and keeps every sandbox.
-A start on a port still held names its holder, and takes the port once it is free.
+itself, gunicorn's master, nginx's master in front of it, the data plane's master, the
+lifecycle worker), nothing of its tree goes on listening on the API's or the data plane's
+port (orphans answering there would hold the port against the next start and fool its
+readiness probe), serve started again on the same ports comes up and answers, and a
+sandbox made before still runs, the same init, reachable. A clean stop (SIGTERM) leaves
+none of the runtime's work done ahead (the mounts and loop devices of pooled disks, parked
+launchers) and keeps every sandbox. A start on a port still held names its holder, and
+takes the port once it is free.
 
 One serve for the module, on one deployment (database and sandbox root), restarted by
 each case on the same ports."""
@@ -149,10 +150,14 @@ class Serve:
         return found
 
     def child(self, role: str) -> Proc:
-        """serve's child of ``role``: api (gunicorn's master), sandboxes (the data plane's
-        master), worker (the lifecycle worker)."""
+        """serve's child of ``role``: api (gunicorn's master), front (nginx's master),
+        sandboxes (the data plane's master), worker (the lifecycle worker)."""
         assert self.process is not None
-        marks = {"api": "gunicorn", "sandboxes": "sandboxes.dataplane.server"}
+        marks = {
+            "api": "gunicorn",
+            "front": "nginx: master",
+            "sandboxes": "sandboxes.dataplane.server",
+        }
         mark = marks.get(role, "run_worker")
         children = [
             p for p in self.tree() if (_stat(p.pid) or ["", "0"])[1] == str(self.process.pid)
@@ -254,7 +259,7 @@ def assert_reachable(kept: Kept) -> None:
 
 
 # --------------------------------------------------------------------------------- kills
-@pytest.mark.parametrize("role", ["serve", "api", "sandboxes", "worker"])
+@pytest.mark.parametrize("role", ["serve", "api", "front", "sandboxes", "worker"])
 def test_a_sigkilled_process_takes_its_tree_off_the_ports_and_serve_restarts_on_them(
     service: Serve, deployment: Deployment, kept: Kept, role: str
 ) -> None:
