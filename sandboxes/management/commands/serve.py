@@ -181,6 +181,9 @@ class Command(BaseCommand):
                 "--config",
                 str(settings.BASE_DIR / "gunicorn.conf.py"),
                 *(front.gunicorn_args() if front is not None else ["--bind", f"{host}:{port}"]),
+                # Its default path (~/.gunicorn/gunicorn.ctl) is one per account: a second
+                # service on the host would take it over. Nothing here uses it.
+                "--no-control-socket",
                 "--workers",
                 str(options["workers"]),
             ]
