@@ -289,8 +289,9 @@ def listening(pid: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    """One gunicorn master with ``workers`` sync workers and, when ``lifecycle_worker``,
-    ``manage.py run_worker`` beside it, as a deployment runs them."""
+    """One gunicorn master with ``workers`` sync workers, the data plane with
+    ``dataplane_workers`` uvicorn workers and, when ``lifecycle_worker``, ``manage.py
+    run_worker`` beside it, as a deployment runs them."""
 
     def __init__(
         self,
@@ -300,10 +301,12 @@ class Server:
         workers: int = 4,
         lifecycle_worker: bool = False,
         failpoint_dir: Path | None = None,
+        dataplane_workers: int = 2,
     ) -> None:
         self.env = env
         self.log_path = log_path
         self.workers = workers
+        self.dataplane_workers = dataplane_workers
         self.lifecycle_worker = lifecycle_worker
         self.sandbox_root = Path(env["SANDBOX_ROOT"])
         self.port = free_port()
@@ -344,7 +347,7 @@ class Server:
             )
             self.dataplane = subprocess.Popen(
                 [sys.executable, "-m", "sandboxes.dataplane.server"]
-                + ["127.0.0.1", str(self.sandbox_port), "2"],
+                + ["127.0.0.1", str(self.sandbox_port), str(self.dataplane_workers)],
                 cwd=REPO,
                 env={**self.env, "DJANGO_SETTINGS_MODULE": "e2bfacade.settings"},
                 stdout=log,
@@ -674,12 +677,16 @@ class Deployment:
 
 @contextlib.contextmanager
 def live_server(
-    suite_database_url: str, workers: int = 4, extra_env: dict[str, str] | None = None
+    suite_database_url: str,
+    workers: int = 4,
+    extra_env: dict[str, str] | None = None,
+    dataplane_workers: int = 2,
 ) -> Iterator[LiveServer]:
     """Migrate a fresh database of the suite's kind, create two teams, start gunicorn and the
     lifecycle worker (as a deployment runs them) and wait for ``/health``. On exit: stop
     both, kill every sandbox they made, drop the database, delete the files. ``extra_env``
-    is added to the environment of every process (e.g. failpoints, ``API_RATE_LIMIT``)."""
+    is added to the environment of every process (e.g. failpoints, ``API_RATE_LIMIT``);
+    ``dataplane_workers``: the data plane's uvicorn workers (each has its own threads)."""
     env = {"SANDBOX_MAX_TIMEOUT_SECONDS": str(MAX_TIMEOUT), **(extra_env or {})}
     with Deployment(
         teams=0,
@@ -697,6 +704,7 @@ def live_server(
             other_api_key=deployment.teams_by_name["contract-other"].api_key,
             workers=workers,
             failpoint_dir=Path(failpoint_dir) if failpoint_dir else None,
+            dataplane_workers=dataplane_workers,
         )
         deployment.start(server)
         yield server
