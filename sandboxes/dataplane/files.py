@@ -380,9 +380,12 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
                 if message is None:  # the writer ended (refused the body) first
                     break
                 if message["type"] == "http.disconnect":
+                    # No one to answer: the write is given up (its Aborted is no error of
+                    # the server's, and a client that opens and drops uploads by the
+                    # thousand must not have a traceback logged for each).
                     body.abort("the client went away before the body ended")
-                    more = False
-                    break
+                    await _quietly(writer)
+                    return
                 chunk = message.get("body", b"")
                 more = message.get("more_body", False)
                 moved += len(chunk)

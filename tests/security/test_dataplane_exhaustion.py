@@ -179,6 +179,8 @@ def test_a_sandbox_serves_again_once_its_half_sent_uploads_are_closed(pair: Pair
         time.sleep(0.5)
     assert timed(lambda: serves(pair.a)) < PROMPT_SECONDS
     assert timed(lambda: serves(pair.b)) < PROMPT_SECONDS
+    # Uploads dropped by their client end quietly: nothing is answered, nothing logged.
+    assert "Exception in ASGI application" not in pair.server.log_path.read_text()
 
 
 def test_an_upload_whose_body_stops_is_answered_408_after_the_idle_time(pair: Pair) -> None:
