@@ -138,11 +138,19 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
+async def _gone(receive: Receive) -> None:
+    """Returns once the client has gone away (what follows a GET's empty body)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def download(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
     """Each chunk is read on a thread of the sandbox's share and sent from the loop: no
     thread waits on the client, so a slow reader costs a socket and a chunk, not a thread.
     A chunk the client does not take within ``DATAPLANE_BODY_IDLE_SECONDS`` cuts the
-    connection."""
+    connection; a client that went away ends the reading (the server drops what is sent
+    to it without a word, and a dropped download of a big file would otherwise be read
+    to its end)."""
     query = query_of(scope)
     path = query.get("path", "")
     user = files_user(query)
@@ -168,6 +176,7 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
         raise
     name = posixpath.basename(path.rstrip("/")) or "file"
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
+    gone = asyncio.ensure_future(_gone(receive))
     try:
         # No Content-Length: the file may change while it is sent (and a symlink's lstat
         # size is not its target's); the body is chunked, and is what was read.
@@ -182,19 +191,21 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
             }
         )
         chunk = first
-        while chunk:
+        while chunk and not gone.done():
             message = {"type": "http.response.body", "body": chunk, "more_body": True}
             try:
                 await asyncio.wait_for(send(message), idle)
             except TimeoutError:
                 cut_connection(scope, f"the client took no data for {idle:g}s")
             chunk = await streams.call(next, reader, b"")
-        await send({"type": "http.response.body", "body": b""})
+        if not gone.done():
+            await send({"type": "http.response.body", "body": b""})
     except SandboxRuntimeError:
         # The file could not be read on (its sandbox ended): the answer is already under
         # way, so the connection is cut, as a vanished envd's would be.
         cut_connection(scope, "the file could not be read to its end")
     finally:
+        gone.cancel()
         await streams.call(close)
 
 
@@ -484,7 +495,7 @@ async def files(scope: dict[str, Any], receive: Receive, send: Send, caller: Cal
             await _drain(receive)
             raise
         if method == "GET":
-            await download(scope, send, caller)
+            await download(scope, receive, send, caller)
         else:
             await upload(scope, receive, send, caller)
     except streams.Busy as exc:

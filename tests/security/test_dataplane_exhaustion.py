@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import resource
 import selectors
 import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from e2b import Sandbox
@@ -216,3 +218,26 @@ def test_guests_that_stop_their_own_agents_do_not_block_another_teams_sandbox(
     # refused as a rate limit (Connect resource_exhausted) after the admission wait.
     assert answers.count(None) == TEAM_THREADS, answers
     assert answers.count(429) == ATTACK - TEAM_THREADS, answers
+
+
+def _open_files(pid: int, name: str) -> int:
+    """How many of process ``pid``'s descriptors are open on a file named ``name``."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).endswith(f"/{name}")
+    return count
+
+
+def test_downloads_their_clients_dropped_stop_reading_the_file(pair: Pair) -> None:
+    # Sparse: 4 GiB that cost the guest nothing, and that a server would read for minutes.
+    pair.a.commands.run("truncate -s 4G /tmp/dropped", timeout=15)
+    download = _request(pair.a, "GET /files?path=/tmp/dropped&username=user HTTP/1.1", {}, b"")
+    with opened(pair.server, [download] * 8) as socks:
+        assert statuses(socks, PROMPT_SECONDS) == [200] * 8
+    assert pair.server.dataplane is not None
+    worker = pair.server.dataplane.pid  # one worker: the data plane's own process
+    deadline = time.monotonic() + 3
+    while _open_files(worker, "dropped") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _open_files(worker, "dropped") == 0
