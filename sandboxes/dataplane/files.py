@@ -374,6 +374,15 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
     loop = asyncio.get_running_loop()
     async with streams.slot():
+        # The share may have been waited for: a client that went away meanwhile gets no
+        # thread (after a thousand uploads are dropped at once, each waiter would take one
+        # in turn only to give it up).
+        try:
+            pending: dict[str, Any] | None = await asyncio.wait_for(receive(), idle)
+        except TimeoutError:
+            raise _stopped(idle) from None
+        if pending is None or pending["type"] == "http.disconnect":
+            return
         body = streams.Feed(BODY_WINDOW)
         writer = asyncio.ensure_future(streams.run(_receive_upload, caller, scope, body))
         more = True
@@ -381,13 +390,12 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
             since, moved = loop.time(), 0
             while more and not writer.done():
                 try:
-                    message = await _first(receive(), writer, since + idle - loop.time())
+                    message = pending or await _first(receive(), writer, since + idle - loop.time())
+                    pending = None
                 except TimeoutError:
                     body.abort("the upload was given up: its body stopped")
                     await _quietly(writer)
-                    raise FilesError(
-                        408, f"the request body sent less than {PROGRESS} bytes in {idle:g}s"
-                    ) from None
+                    raise _stopped(idle) from None
                 if message is None:  # the writer ended (refused the body) first
                     break
                 if message["type"] == "http.disconnect":
@@ -420,6 +428,10 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
 
 
 PROGRESS = 1 << 16  # an upload's body must move this much in DATAPLANE_BODY_IDLE_SECONDS
+
+
+def _stopped(idle: float) -> FilesError:
+    return FilesError(408, f"the request body sent less than {PROGRESS} bytes in {idle:g}s")
 
 
 async def _first(
