@@ -137,11 +137,19 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
+async def _gone(receive: Receive) -> None:
+    """Returns once the client has gone away (what follows a GET's empty body)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def download(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
     """Each chunk is read on a thread of the sandbox's share and sent from the loop: no
     thread waits on the client, so a slow reader costs a socket and a chunk, not a thread.
     A chunk the client does not take within ``DATAPLANE_BODY_IDLE_SECONDS`` cuts the
-    connection."""
+    connection; a client that went away ends the reading (the server drops what is sent
+    to it without a word, and a dropped download of a big file would otherwise be read
+    to its end)."""
     query = query_of(scope)
     path = query.get("path", "")
     user = files_user(query)
@@ -163,6 +171,7 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
         raise
     name = posixpath.basename(path.rstrip("/")) or "file"
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
+    gone = asyncio.ensure_future(_gone(receive))
     try:
         # No Content-Length: the file may change while it is sent (and a symlink's lstat
         # size is not its target's); the body is chunked, and is what was read.
@@ -177,19 +186,21 @@ async def download(scope: dict[str, Any], send: Send, caller: Caller) -> None:
             }
         )
         chunk = first
-        while chunk:
+        while chunk and not gone.done():
             message = {"type": "http.response.body", "body": chunk, "more_body": True}
             try:
                 await asyncio.wait_for(send(message), idle)
             except TimeoutError:
                 cut_connection(scope, f"the client took no data for {idle:g}s")
             chunk = await streams.call(next, reader, b"")
-        await send({"type": "http.response.body", "body": b""})
+        if not gone.done():
+            await send({"type": "http.response.body", "body": b""})
     except SandboxRuntimeError:
         # The file could not be read on (its sandbox ended): the answer is already under
         # way, so the connection is cut, as a vanished envd's would be.
         cut_connection(scope, "the file could not be read to its end")
     finally:
+        gone.cancel()
         await streams.call(close)
 
 
@@ -356,6 +367,15 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
     loop = asyncio.get_running_loop()
     async with streams.slot():
+        # The share may have been waited for: a client that went away meanwhile gets no
+        # thread (after a thousand uploads are dropped at once, each waiter would take one
+        # in turn only to give it up).
+        try:
+            pending: dict[str, Any] | None = await asyncio.wait_for(receive(), idle)
+        except TimeoutError:
+            raise _stopped(idle) from None
+        if pending is None or pending["type"] == "http.disconnect":
+            return
         body = streams.Feed(BODY_WINDOW)
         writer = asyncio.ensure_future(streams.run(_receive_upload, caller, scope, body))
         more = True
@@ -363,19 +383,21 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
             since, moved = loop.time(), 0
             while more and not writer.done():
                 try:
-                    message = await _first(receive(), writer, since + idle - loop.time())
+                    message = pending or await _first(receive(), writer, since + idle - loop.time())
+                    pending = None
                 except TimeoutError:
                     body.abort("the upload was given up: its body stopped")
                     await _quietly(writer)
-                    raise FilesError(
-                        408, f"the request body sent less than {PROGRESS} bytes in {idle:g}s"
-                    ) from None
+                    raise _stopped(idle) from None
                 if message is None:  # the writer ended (refused the body) first
                     break
                 if message["type"] == "http.disconnect":
+                    # No one to answer: the write is given up (its Aborted is no error of
+                    # the server's, and a client that opens and drops uploads by the
+                    # thousand must not have a traceback logged for each).
                     body.abort("the client went away before the body ended")
-                    more = False
-                    break
+                    await _quietly(writer)
+                    return
                 chunk = message.get("body", b"")
                 more = message.get("more_body", False)
                 moved += len(chunk)
@@ -399,6 +421,10 @@ async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Ca
 
 
 PROGRESS = 1 << 16  # an upload's body must move this much in DATAPLANE_BODY_IDLE_SECONDS
+
+
+def _stopped(idle: float) -> FilesError:
+    return FilesError(408, f"the request body sent less than {PROGRESS} bytes in {idle:g}s")
 
 
 async def _first(
@@ -474,7 +500,7 @@ async def files(scope: dict[str, Any], receive: Receive, send: Send, caller: Cal
             await _drain(receive)
             raise
         if method == "GET":
-            await download(scope, send, caller)
+            await download(scope, receive, send, caller)
         else:
             await upload(scope, receive, send, caller)
     except streams.Busy as exc:

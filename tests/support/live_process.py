@@ -151,8 +151,9 @@ def listening(pid: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    """One gunicorn master with ``workers`` sync workers and, when ``lifecycle_worker``,
-    ``manage.py run_worker`` beside it, as a deployment runs them."""
+    """One gunicorn master with ``workers`` sync workers, the data plane with
+    ``dataplane_workers`` uvicorn workers and, when ``lifecycle_worker``, ``manage.py
+    run_worker`` beside it, as a deployment runs them."""
 
     def __init__(
         self,
@@ -162,10 +163,12 @@ class Server:
         workers: int = 4,
         lifecycle_worker: bool = False,
         failpoint_dir: Path | None = None,
+        dataplane_workers: int = 2,
     ) -> None:
         self.env = env
         self.log_path = log_path
         self.workers = workers
+        self.dataplane_workers = dataplane_workers
         self.lifecycle_worker = lifecycle_worker
         self.sandbox_root = Path(env["SANDBOX_ROOT"])
         self.port = free_port()
@@ -206,7 +209,7 @@ class Server:
             )
             self.dataplane = subprocess.Popen(
                 [sys.executable, "-m", "sandboxes.dataplane.server"]
-                + ["127.0.0.1", str(self.sandbox_port), "2"],
+                + ["127.0.0.1", str(self.sandbox_port), str(self.dataplane_workers)],
                 cwd=REPO,
                 env={**self.env, "DJANGO_SETTINGS_MODULE": "e2bfacade.settings"},
                 stdout=log,

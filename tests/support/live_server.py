@@ -302,12 +302,16 @@ class Deployment:
 
 @contextlib.contextmanager
 def live_server(
-    suite_database_url: str, workers: int = 4, extra_env: dict[str, str] | None = None
+    suite_database_url: str,
+    workers: int = 4,
+    extra_env: dict[str, str] | None = None,
+    dataplane_workers: int = 2,
 ) -> Iterator[LiveServer]:
     """Migrate a fresh database of the suite's kind, create two teams, start gunicorn and the
     lifecycle worker (as a deployment runs them) and wait for ``/health``. On exit: stop
     both, kill every sandbox they made, drop the database, delete the files. ``extra_env``
-    is added to the environment of every process (e.g. failpoints, ``API_RATE_LIMIT``)."""
+    is added to the environment of every process (e.g. failpoints, ``API_RATE_LIMIT``);
+    ``dataplane_workers``: the data plane's uvicorn workers (each has its own threads)."""
     env = {"SANDBOX_MAX_TIMEOUT_SECONDS": str(MAX_TIMEOUT), **(extra_env or {})}
     with Deployment(
         teams=0,
@@ -325,6 +329,7 @@ def live_server(
             other_api_key=deployment.teams_by_name["contract-other"].api_key,
             workers=workers,
             failpoint_dir=Path(failpoint_dir) if failpoint_dir else None,
+            dataplane_workers=dataplane_workers,
         )
         deployment.start(server)
         yield server
