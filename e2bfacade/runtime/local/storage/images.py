@@ -31,7 +31,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local.state import Layout
 from e2bfacade.runtime.local.state import write_json as state_write_json
-from e2bfacade.runtime.local.storage import layers, trees
+from e2bfacade.runtime.local.storage import homes, layers, trees
 
 BASE_IMAGE = BUILTIN_IMAGE
 GUEST_USER_UID = 1000
@@ -74,8 +74,9 @@ BASE_DIRS = (
     "run",
 )
 # Mount points the runtime needs in every image, made at import so they never land in a
-# sandbox's writable layer (and so in its snapshots).
-MOUNT_POINTS = ("proc", "sys", "dev", "run", "tmp", "home/user")
+# sandbox's writable layer (and so in its snapshots); the default user's home likewise
+# (homes.py).
+MOUNT_POINTS = ("proc", "sys", "dev", "run", "tmp")
 
 Builder = Callable[[Path], dict[str, Any]]
 
@@ -204,7 +205,9 @@ class ImageStore:
 
     def import_archive(self, image_id: str, archive: IO[bytes]) -> ImageInfo:
         """A rootfs tarball (read from ``archive``) becomes image ``image_id``. Unsafe
-        members (absolute paths, ``..``, links out of the tree, devices) are refused."""
+        members (absolute paths, ``..``, links out of the tree, device nodes, FIFOs) are
+        refused, and nothing is left of a refused archive. The image gets the default
+        user's account and home if the tarball has none (homes.py)."""
         spool = self.layout.root / "run" / f".import-{image_id}-{os.getpid()}.tar"
 
         def make(tmp: Path) -> dict[str, Any]:
@@ -219,6 +222,7 @@ class ImageStore:
                         raise CreateRefused(f"/{d} in the archive is not a directory")
                     if not p.exists():
                         p.mkdir()
+            homes.ensure_default_user(tmp / "rootfs")
             return {"parent": None, "host_binds": []}
 
         try:
