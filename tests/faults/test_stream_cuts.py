@@ -131,3 +131,31 @@ def test_a_port_response_cut_by_its_sandbox_ending_is_reset_and_logged_without_t
                     return
             time.sleep(0.1)
     pytest.fail("the guest's service never answered on port 8000")
+
+
+def test_a_download_cut_by_a_pause_is_reset_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox
+) -> None:
+    # Far more than the sockets on the way buffer: the download is still under way when
+    # the client stops reading for the pause.
+    sandbox.commands.run("head -c 268435456 /dev/zero > /tmp/big")
+    headers = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "X-Access-Token": sandbox._envd_access_token or "",
+    }
+    with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
+        with client.stream("GET", "/files", params={"path": "/tmp/big"}) as answer:
+            assert answer.status_code == 200
+            body = answer.iter_raw()
+            assert next(body)
+            with quietly_cut(server, "the sandbox ended while the stream was open"):
+                sandbox.pause()
+                ended = time.monotonic()
+                # Not reading meanwhile: read at full speed, the rest could come in before
+                # the data plane's next check (once a second) on a fast host.
+                time.sleep(2)
+                with pytest.raises(httpx.ReadError, match="Connection reset"):
+                    for _ in body:
+                        assert time.monotonic() - ended < CUT_SECONDS, "not cut"
+            cut = time.monotonic() - ended
+    assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the pause"
