@@ -33,6 +33,19 @@ class Trickle(http.server.BaseHTTPRequestHandler):
             time.sleep(0.05)
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Trickle).serve_forever()
 """
+# A guest service that answers part of a response, then resets the connection (as one
+# that dies with data unread does).
+RESETTER = """
+import socket, struct, time
+server = socket.create_server(("0.0.0.0", 8001), reuse_port=True)
+while True:
+    client, _ = server.accept()
+    client.recv(65536)
+    client.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 100000\\r\\n\\r\\n" + b"x" * 1000)
+    time.sleep(0.5)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+"""
 LOG_WAIT_SECONDS = 10
 # From the end's answer to the client's reset: the data plane checks once a second.
 CUT_SECONDS = 4.0
@@ -159,3 +172,23 @@ def test_a_download_cut_by_a_pause_is_reset_and_logged_without_traceback(
                         assert time.monotonic() - ended < CUT_SECONDS, "not cut"
             cut = time.monotonic() - ended
     assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the pause"
+
+
+def test_a_port_response_the_guest_resets_is_cut_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox
+) -> None:
+    sandbox.files.write("/tmp/resetter.py", RESETTER)
+    sandbox.commands.run("python3 /tmp/resetter.py", background=True)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8001"}
+    with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
+        for _ in range(100):  # until the service listens
+            with client.stream("GET", "/") as answer:
+                if answer.status_code == 200:
+                    body = answer.iter_raw()
+                    with quietly_cut(server, "the sandbox's port 8001 closed in mid-response"):
+                        with pytest.raises(httpx.ReadError, match="Connection reset"):
+                            for _ in body:
+                                pass
+                    return
+            time.sleep(0.1)
+    pytest.fail("the guest's service never answered on port 8001")
