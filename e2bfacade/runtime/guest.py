@@ -38,6 +38,13 @@ class Guest(Protocol):
     # The sandbox as it was resolved (its tokens and default user, for the data plane).
     info: SandboxInfo
 
+    def running(self) -> bool:
+        """Whether the sandbox as it was resolved still runs: not ended, not paused (frozen
+        or not). Cheap and non-blocking (a few reads of the kernel's state, no lookup and no
+        call to the guest), so an event loop may ask it every second; the data plane cuts
+        the open streams of a guest that no longer runs (its ``liveness``)."""
+        ...
+
     def start_process(self, spec: ProcessSpec) -> GuestProcess:
         """Start ``spec``. The process belongs to the sandbox, not to the caller: it runs on
         when the returned handle is closed or the calling process exits, until it ends or

@@ -9,6 +9,7 @@ Run it with ``python manage.py serve`` (all of the service) or, alone, with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 from typing import Any
@@ -34,7 +35,7 @@ from e2bfacade.runtime.base import (  # noqa: E402
 )
 from e2bfacade.runtime.guest import Guest  # noqa: E402
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
-from sandboxes.dataplane import streams  # noqa: E402
+from sandboxes.dataplane import liveness, streams  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
 from sandboxes.dataplane.filesystem import FilesystemService  # noqa: E402
 from sandboxes.dataplane.ports import forward  # noqa: E402
@@ -49,6 +50,7 @@ from sandboxes.dataplane.target import (  # noqa: E402
     Target,
     basic_user,
     current,
+    cut_connection,
     cutting,
     header,
     json_body,
@@ -250,8 +252,20 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         return
     team = await _team_of(guest.sandbox_id)
     shared = streams.share(streams.Share(guest.sandbox_id, team))
+    state = Response()
     try:
-        await _serve(scope, receive, send, guest, target)
+        with liveness.watched(guest, state) as watch:
+            try:
+                await _serve(scope, receive, send, guest, target, state)
+            except asyncio.CancelledError:
+                if not watch.cut:
+                    raise
+                # Cancelled by the watch: the sandbox stopped running under the request.
+                # (A Connect stream ends through its cut response instead: target.cutting.)
+                await _cut(scope, send, guest.sandbox_id)
+            finally:
+                if watch.cut:
+                    watch.task.uncancel()
     except StreamCut as cut:
         if not cut.reset:
             raise  # only the server can drop this connection
@@ -262,8 +276,22 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         streams.unshare(shared)
 
 
-async def _serve(scope: Scope, receive: Receive, send: Send, guest: Guest, target: Target) -> None:
-    """The request, for a running sandbox, within its share of the threads."""
+async def _cut(scope: Scope, send: Send, sandbox_id: str) -> None:
+    """End the request of a sandbox that stopped running: a WebSocket is closed as when
+    the guest's side drops (1006, ports.py), anything else is cut (StreamCut)."""
+    if scope["type"] == "websocket":
+        with contextlib.suppress(Exception):  # it may be closed already
+            await send({"type": "websocket.close", "code": 1006})
+        log.info("data plane: cut a stream of sandbox %s: %s", sandbox_id, liveness.ENDED)
+        return
+    cut_connection(scope, liveness.ENDED)
+
+
+async def _serve(
+    scope: Scope, receive: Receive, send: Send, guest: Guest, target: Target, state: Response
+) -> None:
+    """The request, for a running sandbox, within its share of the threads; ``state``
+    says how its response must end (target.Response)."""
     headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
     sandbox = guest.info
     if target.port != ENVD_PORT:
@@ -300,7 +328,6 @@ async def _serve(scope: Scope, receive: Receive, send: Send, guest: Guest, targe
         await _deny(send, 401, "invalid username")
         return
     token = current.set(caller)
-    state = Response()
     response_token = response.set(state)
     try:
         if path.startswith("/process.Process/"):

@@ -51,6 +51,19 @@ async def _open(
     return await asyncio.open_connection(sock=sock, limit=READ)
 
 
+# What the guest's side of a connection does when its service dies or its sandbox is killed
+# with data in flight: read as the connection's end, which the caller tells apart (a 502
+# before the answer began, a cut after).
+RESET = (ConnectionResetError, BrokenPipeError)
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await reader.read(READ)
+    except RESET:
+        return b""
+
+
 def _target(scope: Scope) -> bytes:
     raw: bytes = scope.get("raw_path") or scope.get("path", "/").encode()
     query: bytes = scope.get("query_string", b"")
@@ -86,6 +99,10 @@ async def forward(scope: Scope, receive: Receive, send: Send, guest: Guest, port
     client_gone = asyncio.Event()
 
     async def upload() -> None:
+        with contextlib.suppress(*RESET):  # the guest's side went away: the reader sees it
+            await _upload()
+
+    async def _upload() -> None:
         sent = False
         while True:
             message = await receive()
@@ -111,7 +128,7 @@ async def forward(scope: Scope, receive: Receive, send: Send, guest: Guest, port
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                data = await reader.read(READ)
+                data = await _read(reader)
                 conn.receive_data(data)
                 if not data and not started:
                     break
@@ -184,7 +201,7 @@ async def _websocket(scope: Scope, receive: Receive, send: Send, sandbox: Guest,
     accepted = False
     try:
         while not accepted:
-            data = await reader.read(READ)
+            data = await _read(reader)
             if not data:
                 await send({"type": "websocket.close", "code": 1011})
                 return
@@ -198,6 +215,10 @@ async def _websocket(scope: Scope, receive: Receive, send: Send, sandbox: Guest,
                     return
 
         async def to_guest() -> None:
+            with contextlib.suppress(*RESET):  # the guest's side went away: the reader sees it
+                await _to_guest()
+
+        async def _to_guest() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
@@ -213,7 +234,7 @@ async def _websocket(scope: Scope, receive: Receive, send: Send, sandbox: Guest,
         upstream = asyncio.ensure_future(to_guest())
         try:
             while True:
-                data = await reader.read(READ)
+                data = await _read(reader)
                 guest.receive_data(data or None)
                 for event in guest.events():
                     if isinstance(event, ws.TextMessage):

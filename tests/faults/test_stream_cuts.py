@@ -1,9 +1,8 @@
 """Streams cut because their sandbox ended (killed, paused) under them: the client sees a
-reset connection, as when envd's VM goes away, and the data plane logs one info line with
-the reason. A cut is expected, so its log shows no traceback and no error.
-
-What a download from a killed sandbox does is not here: the file is read from a descriptor
-opened before the kill, so the download completes."""
+reset connection, as when envd's VM goes away, within moments of the end (a pause freezes
+the guest and ends nothing in it: the data plane's check of its sandboxes cuts those
+streams), and the data plane logs one info line with the reason. A cut is expected, so its
+log shows no traceback and no error."""
 
 from __future__ import annotations
 
@@ -34,7 +33,22 @@ class Trickle(http.server.BaseHTTPRequestHandler):
             time.sleep(0.05)
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Trickle).serve_forever()
 """
+# A guest service that answers part of a response, then resets the connection (as one
+# that dies with data unread does).
+RESETTER = """
+import socket, struct, time
+server = socket.create_server(("0.0.0.0", 8001), reuse_port=True)
+while True:
+    client, _ = server.accept()
+    client.recv(65536)
+    client.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 100000\\r\\n\\r\\n" + b"x" * 1000)
+    time.sleep(0.5)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+"""
 LOG_WAIT_SECONDS = 10
+# From the end's answer to the client's reset: the data plane checks once a second.
+CUT_SECONDS = 4.0
 
 
 @pytest.fixture
@@ -78,35 +92,103 @@ def test_a_command_stream_cut_by_its_sandbox_ending_is_reset_and_logged_without_
     server: LiveServer, sandbox: Sandbox, end: str
 ) -> None:
     handle = sandbox.commands.run("sleep 60", background=True)
+    ended: list[float] = []
+
+    def end_it() -> None:
+        getattr(sandbox, end)()
+        ended.append(time.monotonic())
+
     with quietly_cut(server, "the sandbox ended while the stream was open"):
-        ending = threading.Timer(0.5, getattr(sandbox, end))
+        ending = threading.Timer(0.5, end_it)
         ending.start()
         try:
             with pytest.raises(SandboxNotRunningException) as raised:
                 handle.wait()
+            cut = time.monotonic()
         finally:
             ending.join()
     cause = raised.value.__cause__
     assert isinstance(cause, Exception) and is_transport_failure(cause), repr(cause)
+    assert ended and cut - ended[0] < CUT_SECONDS, f"cut {cut - ended[0]:.1f}s after the {end}"
 
 
-def test_a_port_response_cut_by_a_kill_is_reset_and_logged_without_traceback(
-    server: LiveServer, sandbox: Sandbox
+@pytest.mark.parametrize(
+    ("end", "reason"),
+    [
+        ("kill", "the sandbox's port 8000 closed in mid-response"),
+        ("pause", "the sandbox ended while the stream was open"),
+    ],
+)
+def test_a_port_response_cut_by_its_sandbox_ending_is_reset_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox, end: str, reason: str
 ) -> None:
     sandbox.files.write("/tmp/trickle.py", TRICKLE)
     sandbox.commands.run("python3 /tmp/trickle.py", background=True)
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
+    # The read timeout is past CUT_SECONDS: a response that hangs fails on its time, not
+    # on the timeout's error.
     with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
         for _ in range(100):  # until the service listens
             with client.stream("GET", "/") as answer:
                 if answer.status_code == 200:
                     body = answer.iter_raw()
                     assert next(body)
-                    with quietly_cut(server, "the sandbox's port 8000 closed in mid-response"):
-                        sandbox.kill()
+                    with quietly_cut(server, reason):
+                        getattr(sandbox, end)()
+                        ended = time.monotonic()
+                        with pytest.raises(httpx.ReadError, match="Connection reset"):
+                            for _ in body:
+                                assert time.monotonic() - ended < CUT_SECONDS, "not cut"
+                    cut = time.monotonic() - ended
+                    assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the {end}"
+                    return
+            time.sleep(0.1)
+    pytest.fail("the guest's service never answered on port 8000")
+
+
+def test_a_download_cut_by_a_pause_is_reset_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox
+) -> None:
+    # Far more than the sockets on the way buffer: the download is still under way when
+    # the client stops reading for the pause.
+    sandbox.commands.run("head -c 268435456 /dev/zero > /tmp/big")
+    headers = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "X-Access-Token": sandbox._envd_access_token or "",
+    }
+    with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
+        with client.stream("GET", "/files", params={"path": "/tmp/big"}) as answer:
+            assert answer.status_code == 200
+            body = answer.iter_raw()
+            assert next(body)
+            with quietly_cut(server, "the sandbox ended while the stream was open"):
+                sandbox.pause()
+                ended = time.monotonic()
+                # Not reading meanwhile: read at full speed, the rest could come in before
+                # the data plane's next check (once a second) on a fast host.
+                time.sleep(2)
+                with pytest.raises(httpx.ReadError, match="Connection reset"):
+                    for _ in body:
+                        assert time.monotonic() - ended < CUT_SECONDS, "not cut"
+            cut = time.monotonic() - ended
+    assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the pause"
+
+
+def test_a_port_response_the_guest_resets_is_cut_and_logged_without_traceback(
+    server: LiveServer, sandbox: Sandbox
+) -> None:
+    sandbox.files.write("/tmp/resetter.py", RESETTER)
+    sandbox.commands.run("python3 /tmp/resetter.py", background=True)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8001"}
+    with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
+        for _ in range(100):  # until the service listens
+            with client.stream("GET", "/") as answer:
+                if answer.status_code == 200:
+                    body = answer.iter_raw()
+                    with quietly_cut(server, "the sandbox's port 8001 closed in mid-response"):
                         with pytest.raises(httpx.ReadError, match="Connection reset"):
                             for _ in body:
                                 pass
                     return
             time.sleep(0.1)
-    pytest.fail("the guest's service never answered on port 8000")
+    pytest.fail("the guest's service never answered on port 8001")

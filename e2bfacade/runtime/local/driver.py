@@ -240,7 +240,8 @@ class LocalRuntime:
         """The running sandbox's guest side (guest/handle.py), resolved once: one read of
         its record (init identity, id base, default user, env vars) and of its state."""
         record, info = self._require(sandbox_id, SandboxState.RUNNING)
-        return LocalGuest(record, info, self.layout.sandbox_dir(sandbox_id) / "agent.sock")
+        agent = self.layout.sandbox_dir(sandbox_id) / "agent.sock"
+        return LocalGuest(record, info, agent, lambda: self.cgroups.is_frozen(sandbox_id))
 
     # ------------------------------------------------------------------------ lifecycle
     def create(self, spec: SandboxSpec) -> LocalSandboxInfo:

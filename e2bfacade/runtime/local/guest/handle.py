@@ -9,7 +9,7 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from e2bfacade.runtime.base import (
@@ -37,14 +37,29 @@ from e2bfacade.runtime.local.processes import (
     start_items,
 )
 from e2bfacade.runtime.local.record import SandboxRecord
+from e2bfacade.runtime.local.state import proc_starttime
 
 
 class LocalGuest:
-    def __init__(self, record: SandboxRecord, info: SandboxInfo, agent_socket: Path) -> None:
+    def __init__(
+        self,
+        record: SandboxRecord,
+        info: SandboxInfo,
+        agent_socket: Path,
+        frozen: Callable[[], bool],
+    ) -> None:
         self.record = record
         self.info = info  # as the data plane checks a caller against it (tokens, user)
         self.sandbox_id = record.sandbox_id
         self._agent = Agent(agent_socket)
+        self._frozen = frozen
+
+    def running(self) -> bool:
+        # As census.status_of decides it, for this init only: its pid still names it (a
+        # read of /proc/<pid>/stat), and its cgroup is not frozen (a read of the freezer's
+        # file). A filesystem pause or a kill ends the init; a memory pause freezes it.
+        r = self.record
+        return proc_starttime(r.init_pid) == r.init_start and not self._frozen()
 
     # ---------------------------------------------------------------------- processes
     def start_process(self, spec: ProcessSpec) -> AgentProcess:
