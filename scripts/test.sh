@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: the static gates (ruff, ruff format, mypy --strict, no missing
-# migration), then pytest on PostgreSQL (production's database, where the concurrency
-# guarantees are real: every test) and on SQLite (the embedded default: every test that
-# reaches the database, listed below). All must pass.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k idempotency -x`.
+# migration), pytest on PostgreSQL (production's database, where the concurrency guarantees
+# are real: every test) and on SQLite (the embedded default: every test that reaches the
+# database, listed below), side by side. All must pass.
+# Extra arguments select tests and run them on both databases in turn, e.g.
+# `bash scripts/test.sh -k idempotency -x`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -52,45 +53,81 @@ export SANDBOX_UPLINK=none
 # Run everything even when something fails, so one run shows all that is broken. Any
 # non-zero pytest status fails the suite, including 5 ("no tests collected").
 failed=()
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
 
-# Static gates first: they take seconds. manage.py refuses the built-in SECRET_KEY with DEBUG
+# Static gates: they take seconds. manage.py refuses the built-in SECRET_KEY with DEBUG
 # off: give makemigrations a throwaway one (it writes nothing).
-gate() {
-    local name="$1"
-    shift
-    log "gate: $name"
-    "$@" || failed+=("$name")
+gates() {
+    local status=0
+    log "gate: ruff check"
+    .venv/bin/ruff check . || { echo "GATE ruff check" >&2; status=1; }
+    log "gate: ruff format"
+    .venv/bin/ruff format --check . || { echo "GATE ruff format" >&2; status=1; }
+    log "gate: mypy --strict"
+    .venv/bin/mypy . || { echo "GATE mypy --strict" >&2; status=1; }
+    log "gate: makemigrations --check"
+    env SECRET_KEY="gate-$RANDOM$RANDOM$RANDOM$RANDOM" \
+        .venv/bin/python manage.py makemigrations --check --dry-run || {
+        echo "GATE makemigrations --check" >&2
+        status=1
+    }
+    return "$status"
 }
-gate "ruff check" .venv/bin/ruff check .
-gate "ruff format" .venv/bin/ruff format --check .
-gate "mypy --strict" .venv/bin/mypy .
-gate "makemigrations --check" env SECRET_KEY="gate-$RANDOM$RANDOM$RANDOM$RANDOM" \
-    .venv/bin/python manage.py makemigrations --check --dry-run
-
-log "pytest on PostgreSQL"
-DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade .venv/bin/pytest "$@" \
-    || failed+=("PostgreSQL (exit $?)")
 
 # SQLite: the tests that reach the database through Django (the API, idempotency, the
 # operator's pages, the retry table, auth and teams, and the SDK quickstarts through a live
 # server). The rest (the runtime, networking, the guest's security, the data plane, the code
 # interpreter, faults of processes, the browser, soak and fuzz) meet the database only
-# through those same code paths, so they run once, above. Arguments given to this script
-# select tests on both passes instead.
+# through those same code paths, so they run once, on PostgreSQL.
 sqlite_tests=(
     tests/api tests/idempotency tests/ops tests/retry
     tests/test_admin.py tests/test_api_keys.py tests/test_auth.py tests/test_create_team.py
     tests/test_errors.py tests/test_rate_limit.py tests/test_secrets.py
     tests/contract/test_python_sdk_sync.py tests/contract/test_filesystem_pause.py
 )
+sqlite_url="sqlite:///$logs/e2bfacade-test.sqlite3"
+
 if (($#)); then
-    sqlite_tests=("$@")
+    # Arguments select tests: both databases, one after the other, in the foreground.
+    gates || failed+=("gates")
+    log "pytest on PostgreSQL: $*"
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade .venv/bin/pytest "$@" \
+        || failed+=("PostgreSQL (exit $?)")
+    log "pytest on SQLite: $*"
+    DATABASE_URL="$sqlite_url" .venv/bin/pytest "$@" || failed+=("SQLite (exit $?)")
+else
+    # The whole suite: most of a test's time is spent waiting (for a sandbox to boot, a
+    # server to answer, a lease to lapse), so on 2 cores the gates, PostgreSQL's two halves
+    # and SQLite run side by side, each in its own process with its own database and
+    # sandbox roots (every test makes its own; nothing is shared but the host). Every part's
+    # output is printed whole once it ends.
+    pg_a=(tests/codeinterpreter tests/faults tests/network tests/security tests/browser tests/soak)
+    pg_b=(
+        tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
+        tests/runtime tests/test_*.py
+    )
+    declare -A part_pid=()
+    run_part() {
+        local name="$1"
+        shift
+        ("$@" >"$logs/$name.log" 2>&1) &
+        part_pid[$name]=$!
+    }
+    run_part gates gates
+    run_part "PostgreSQL 1/2" env DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade_a \
+        .venv/bin/pytest "${pg_a[@]}"
+    run_part "PostgreSQL 2/2" env DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade_b \
+        .venv/bin/pytest "${pg_b[@]}"
+    run_part SQLite env DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_tests[@]}"
+    for name in gates "PostgreSQL 1/2" "PostgreSQL 2/2" SQLite; do
+        status=0
+        wait "${part_pid[$name]}" || status=$?
+        log "---- $name (exit $status)"
+        cat "$logs/$name.log"
+        ((status == 0)) || failed+=("$name (exit $status)")
+    done
 fi
-sqlite_dir="$(mktemp -d)"
-trap 'rm -rf "$sqlite_dir"' EXIT
-log "pytest on SQLite: ${sqlite_tests[*]}"
-DATABASE_URL="sqlite:///$sqlite_dir/e2bfacade-test.sqlite3" .venv/bin/pytest "${sqlite_tests[@]}" \
-    || failed+=("SQLite (exit $?)")
 
 # Nothing the suite made may outlive it: every test root is /tmp/e2b*, and its sandboxes'
 # disks, pooled disks, spare launchers and daemons must be gone with it.
