@@ -54,7 +54,8 @@ export SANDBOX_UPLINK=none
 # non-zero pytest status fails the suite, including 5 ("no tests collected").
 failed=()
 logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
+# A run stopped early stops its parts too.
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$logs"' EXIT
 
 # Static gates: they take seconds. manage.py refuses the built-in SECRET_KEY with DEBUG
 # off: give makemigrations a throwaway one (it writes nothing).
@@ -111,7 +112,7 @@ else
     run_part() {
         local name="$1"
         shift
-        ("$@" >"$logs/$name.log" 2>&1) &
+        ("$@" >"$logs/${name//[^A-Za-z0-9]/_}.log" 2>&1) &
         part_pid[$name]=$!
     }
     run_part gates gates
@@ -124,7 +125,7 @@ else
         status=0
         wait "${part_pid[$name]}" || status=$?
         log "---- $name (exit $status)"
-        cat "$logs/$name.log"
+        cat "$logs/${name//[^A-Za-z0-9]/_}.log" || true
         ((status == 0)) || failed+=("$name (exit $status)")
     done
 fi
