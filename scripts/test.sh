@@ -55,7 +55,7 @@ export SANDBOX_UPLINK=none
 failed=()
 logs="$(mktemp -d)"
 # A run stopped early stops its parts too.
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$logs"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$logs"' EXIT
 
 # Static gates: they take seconds. manage.py refuses the built-in SECRET_KEY with DEBUG
 # off: give makemigrations a throwaway one (it writes nothing).
