@@ -115,7 +115,8 @@ else
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_tests[@]}" || status=$?
-        DATABASE_URL="$pg/e2bfacade_3" .venv/bin/pytest "${pg_3[@]}" || status=$?
+        DATABASE_URL="$pg/e2bfacade_3" .venv/bin/pytest "${pg_3[@]}" \
+            --ignore=tests/faults/test_postgres_restart.py || status=$?
         return "$status"
     }
     declare -A part_pid=()
@@ -136,6 +137,11 @@ else
         cat "$logs/${name//[^A-Za-z0-9]/_}.log" || true
         ((status == 0)) || failed+=("$name (exit $status)")
     done
+    # It restarts the machine's one PostgreSQL cluster: alone, once every other part is done.
+    log "pytest on PostgreSQL, alone: a restart of the database server under traffic"
+    DATABASE_URL="$pg/e2bfacade_3" E2BFACADE_TEST_PG_RESTART=1 \
+        .venv/bin/pytest tests/faults/test_postgres_restart.py \
+        || failed+=("PostgreSQL restart (exit $?)")
 fi
 
 # Nothing the suite made may outlive it: every test root is /tmp/e2b*, and its sandboxes'

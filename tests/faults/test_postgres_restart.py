@@ -28,7 +28,8 @@ pytestmark = [
         reason="restarts the PostgreSQL cluster; on SQLite there is no database server to restart",
     ),
     # It restarts the machine's one PostgreSQL cluster, under anyone else's tests too: it runs
-    # in CI (CI=true, nothing else on the machine) and on request, not in every local run.
+    # in CI (CI=true) and on request, not in every local run; scripts/test.sh runs it alone,
+    # after the parts it runs side by side.
     pytest.mark.skipif(
         not (os.environ.get("CI") or os.environ.get("E2BFACADE_TEST_PG_RESTART")),
         reason="restarts the shared PostgreSQL cluster: runs in CI, or with "
