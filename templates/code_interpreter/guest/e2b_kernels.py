@@ -366,6 +366,20 @@ class NodeContext(Context):
     async def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
+    async def reap(self) -> None:
+        """Its events pipe ended, so the process is gone or going: wait for it, so that
+        :meth:`alive` says so. asyncio sets ``returncode`` only once it has reaped the
+        child, a moment after the pipe closes; an execution in that moment would write to
+        the dead kernel's stdin (a broken pipe) instead of starting a new one."""
+        if self.process is None:
+            return
+        try:
+            await asyncio.wait_for(self.process.wait(), KERNEL_START_TIMEOUT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+
     async def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The kernel's next event; None after ``timeout`` s (the read stays pending);
         a "died" event once the process is gone."""
@@ -414,6 +428,7 @@ class NodeContext(Context):
                 continue
             kind = event["type"]
             if kind == "died":
+                await self.reap()
                 await out.emit(_error("KernelDied", "the kernel exited", ""))
                 return
             if event.get("id") != wanted:
