@@ -38,7 +38,7 @@ def sandbox_id(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> str:
     runtime.create(SandboxSpec(sid, "base", envd_access_token=TOKEN))
     guest = runtime.guest(sid)
     guest.write_file("/home/user/note.txt", [b"noted\n"])
-    guest.make_dir("/home/user/work")
+    guest.make_dir("/home/user/proj")
     return sid
 
 
@@ -112,10 +112,10 @@ def test_a_command_reads_its_sandbox_state_once(sandbox_id: str, reads: Counter[
     events = connect(
         sandbox_id,
         "/process.Process/Start",
-        {"process": {"cmd": "/bin/sh", "args": ["-c", "pwd"], "cwd": "work"}},
+        {"process": {"cmd": "/bin/sh", "args": ["-c", "pwd"], "cwd": "proj"}},
     )
     out = [e["event"]["data"]["stdout"] for e in events if "data" in e.get("event", {})]
-    assert base64.b64decode("".join(out)) == b"/home/user/work\n"
+    assert base64.b64decode("".join(out)) == b"/home/user/proj\n"
     assert [e["event"]["end"] for e in events if "end" in e.get("event", {})] == [
         {"exited": True, "status": "exit status 0"}
     ]
@@ -134,12 +134,12 @@ def test_a_file_write_reads_its_sandbox_state_once(sandbox_id: str, reads: Count
         sandbox_id,
         "POST",
         "/files",
-        params={"path": "work/up.txt"},
+        params={"path": "proj/up.txt"},
         content=b"uploaded\n",
         headers={"Content-Type": "application/octet-stream"},
     )
     assert response.status_code == 200, response.text
-    assert [f["path"] for f in response.json()] == ["/home/user/work/up.txt"]
+    assert [f["path"] for f in response.json()] == ["/home/user/proj/up.txt"]
     assert reads[sandbox_id] == 1, f"the sandbox's state was read {reads[sandbox_id]} times"
 
 
@@ -147,8 +147,8 @@ def test_a_listing_through_a_symlink_reads_its_sandbox_state_once(
     runtime: LocalRuntime, sandbox_id: str, reads: Counter[str]
 ) -> None:
     guest = runtime.guest(sandbox_id)
-    guest.write_file("work/a.txt", [b"a"])
-    made = run_process(guest, ProcessSpec(("ln", "-s", "work", "/home/user/link")))
+    guest.write_file("proj/a.txt", [b"a"])
+    made = run_process(guest, ProcessSpec(("ln", "-s", "proj", "/home/user/link")))
     assert made.exit_code == 0, made
     reads.clear()  # the guest above read it: only the request's reads count
     [listing] = connect(sandbox_id, "/filesystem.Filesystem/ListDir", {"path": "link"})
