@@ -179,9 +179,11 @@ def test_a_worker_killed_mid_request_is_recovered_by_the_retry_at_once(
 
     assert retry.status_code == 201, retry.text
     sandbox_id = retry.json()["sandboxID"]
-    # The lease is 300 s: converging at once proves the dead owner's advisory lock went
-    # with its connection and the retry took over immediately.
-    assert took < 2.0, f"the retry took {took:.2f}s"
+    # The lease is 300 s: converging well within it proves the dead owner's advisory lock
+    # went with its connection and the retry took over without waiting for the lease. The
+    # bound leaves room for gunicorn to boot a worker in place of the killed one on a loaded
+    # 2-core machine (3.9 s was seen in CI).
+    assert took < 30.0, f"the retry took {took:.2f}s"
     if point == "after_complete":
         # The answer was committed, only the response was lost: the retry replays it.
         assert retry.headers[REPLAYED] == "true"
