@@ -432,7 +432,10 @@ class StartCommand:
     """A template's start command: a process the runtime starts in every new sandbox of
     the image, as ``user`` in ``cwd`` with ``env`` (over the sandbox's env vars). A create
     returns once ``ready_port`` accepts connections inside the sandbox (None: at once) and
-    fails, leaving nothing, when the command exits first or ``ready_timeout`` passes."""
+    fails, leaving nothing, when the command exits first or ``ready_timeout`` passes.
+    ``ready_argv`` (E2B's ready command, a template build's) is run the same way, as
+    ``user`` in ``cwd``, every ``READY_INTERVAL`` seconds until it exits 0; the start
+    command may have exited 0 by then, not otherwise."""
 
     argv: tuple[str, ...]
     user: str = DEFAULT_USER
@@ -440,6 +443,7 @@ class StartCommand:
     env: Mapping[str, str] = field(default_factory=dict)
     ready_port: int | None = None
     ready_timeout: float = 60.0
+    ready_argv: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,6 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.local import build, census, host, metrics, snapshot, sweep
 from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.guest.handle import LocalGuest
-from e2bfacade.runtime.local.guest.start import run_start_command
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.launcher.client import Launcher
 from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config, save_config
@@ -62,6 +61,7 @@ from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
 from e2bfacade.runtime.local.state import InitWatch, Layout
 from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
+from e2bfacade.runtime.start import run_start_command
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 log = logging.getLogger(__name__)

@@ -45,9 +45,9 @@ from e2bfacade.runtime.base import (
     StartCommand,
 )
 from e2bfacade.runtime.local.guest.files import GuestFiles
-from e2bfacade.runtime.local.guest.start import GUEST_ENV_FILE
 from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.record import LocalSandboxInfo
+from e2bfacade.runtime.start import GUEST_ENV_FILE
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime

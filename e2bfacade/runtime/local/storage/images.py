@@ -247,6 +247,7 @@ def start_of(chain: builtins.list[dict[str, Any]]) -> StartCommand | None:
                 env=dict(start.get("env") or {}),
                 ready_port=start.get("ready_port"),
                 ready_timeout=float(start.get("ready_timeout", 60.0)),
+                ready_argv=tuple(start["ready_argv"]) if start.get("ready_argv") else None,
             )
     return None
 
