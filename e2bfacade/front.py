@@ -124,7 +124,7 @@ class Front:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def make(host: str, port: int, body_limit: int) -> Front:
+def make(host: str, port: int, body_limit: int, upload_limit: int = 0) -> Front:
     """A fresh front directory for ``host:port``, with its nginx configuration.
 
     It is private to this process's user, except that when running as root nginx's workers
@@ -143,7 +143,7 @@ def make(host: str, port: int, body_limit: int) -> Front:
         os.chown(directory, 0, account.pw_gid)
         os.chmod(directory, 0o710)
     front = Front(directory)
-    front.conf.write_text(config(front, host, port, body_limit, worker))
+    front.conf.write_text(config(front, host, port, body_limit, worker, upload_limit))
     return front
 
 
@@ -161,9 +161,16 @@ def _listen(host: str, port: int) -> str:
 
 
 def config(
-    front: Front, host: str, port: int, body_limit: int, worker: tuple[str, str] | None
+    front: Front,
+    host: str,
+    port: int,
+    body_limit: int,
+    worker: tuple[str, str] | None,
+    upload_limit: int = 0,
 ) -> str:
-    """nginx's configuration for a front on ``host:port`` passing to ``front.socket``."""
+    """nginx's configuration for a front on ``host:port`` passing to ``front.socket``;
+    ``upload_limit``: the body limit of template file uploads (the SDK's COPY archives,
+    TEMPLATE_FILE_MAX_MB), which nginx spools to its disk before gunicorn reads them."""
     errors = _errors(body_limit)
     pages = []
     locations = []
@@ -223,6 +230,15 @@ http {{
     server {{
         listen {_listen(host, port)} backlog=2048;
         server_name _;
+
+        location /templates/uploads/ {{
+            client_max_body_size {max(upload_limit, body_limit)};
+            proxy_pass http://unix:{front.socket}:;
+            proxy_set_header Host $api_host;
+            proxy_request_buffering on;
+            proxy_read_timeout {UPSTREAM_SECONDS}s;
+            proxy_intercept_errors off;
+        }}
 
         location / {{
             proxy_pass http://unix:{front.socket}:;

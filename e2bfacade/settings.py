@@ -400,3 +400,29 @@ LOGGING = {
         "e2bfacade.request": {"handlers": ["json"], "level": "INFO", "propagate": False},
     },
 }
+
+# --- template builds (templates/builds) ----------------------------------------------
+# Where uploaded COPY archives are kept, per team by the SDK's files hash.
+TEMPLATE_FILES_DIR = Path(env.str("TEMPLATE_FILES_DIR", default=str(SANDBOX_ROOT / "build-files")))
+TEMPLATE_FILE_MAX_MB = _positive_int("TEMPLATE_FILE_MAX_MB", 1024)
+# How long an upload URL handed to the SDK stays valid (E2B: 30 minutes).
+TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
+# The base of the upload URLs (what clients reach this API at); empty: the request's own.
+E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
+# Builds of one team in waiting or building at once (E2B answers 429 past its limit).
+TEMPLATE_BUILDS_PER_TEAM = _int("TEMPLATE_BUILDS_PER_TEAM", 4, 1, 64, "between 1 and 64")
+# Builds one build worker runs at once (each in a sandbox of its own).
+TEMPLATE_BUILD_CONCURRENCY = _int("TEMPLATE_BUILD_CONCURRENCY", 1, 0, 16, "between 0 and 16")
+# A build worker's hold on a build; renewed while it runs, taken over once it runs out.
+TEMPLATE_BUILD_LEASE_SECONDS = _positive_int("TEMPLATE_BUILD_LEASE_SECONDS", 30)
+# A whole build's limit, and one RUN step's (E2B: 1 h per command).
+TEMPLATE_BUILD_TIMEOUT_SECONDS = _positive_int("TEMPLATE_BUILD_TIMEOUT_SECONDS", 2 * 3600)
+TEMPLATE_STEP_TIMEOUT_SECONDS = _positive_int("TEMPLATE_STEP_TIMEOUT_SECONDS", 3600)
+# How many log entries a build keeps (the rest are counted in one last entry).
+TEMPLATE_BUILD_LOG_ENTRIES = _positive_int("TEMPLATE_BUILD_LOG_ENTRIES", 10000)
+# Whether RUN steps reach the internet (through the runtime's NAT and SANDBOX_BLOCKED_CIDRS,
+# as any sandbox's traffic does).
+TEMPLATE_BUILD_INTERNET = env.bool("TEMPLATE_BUILD_INTERNET", default=True)
+# A registry every image pull goes to instead of the image's own (as a registry mirror
+# does): Docker Hub names as <mirror>/<repo>:<tag>, others as <mirror>/<host>/<repo>:<tag>.
+TEMPLATE_REGISTRY_MIRROR = env.str("TEMPLATE_REGISTRY_MIRROR", default="").rstrip("/")

@@ -89,6 +89,9 @@ class Sandbox(models.Model):
         db_constraint=False,
         related_name="sandboxes",
     )
+    # The runtime image it started from when that is not the template's own: the build a
+    # ``name:tag`` pointed at (empty: the template's image).
+    image_id = models.CharField(max_length=64, blank=True, default="")
     # The templateID as the caller named it (alias or id), echoed back as ``alias``.
     alias = models.CharField(max_length=128, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.CREATING)

@@ -44,7 +44,7 @@ from sandboxes.transitions import (
     transition_claim,
     transition_finish,
 )
-from templates.models import Template
+from templates.builds import tags
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +96,23 @@ def sandbox_reserve(
     # one — in pk order, so concurrent creates lock them alike). The lock holds until our
     # sandbox row is committed: template_delete takes it too, so it either sees this
     # sandbox or runs before we resolve.
-    template = Template.objects.resolve_locked(team.pk, request.template_ref)
-    if template is None:
+    found = tags.resolve(team.pk, request.template_ref, locked=True)
+    if found is None:
         raise NotFound(f"template '{request.template_ref}' not found")
+    template = found.template
+    if not found.image_id:
+        raise BadRequest(
+            f"template '{request.template_ref}' has no ready build yet",
+            headers={"Should-Retry": "false"},
+        )
     host = sandbox_admit(team=team, template=template)
     now = timezone.now()
     return Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),
         team=team,
         template=template,
+        # The image of the build a ``name:tag`` names (empty: the template's own).
+        image_id=found.image_id if found.image_id != template.image_id else "",
         alias=template.alias or "",
         state=State.CREATING,
         state_changed_at=now,
@@ -143,7 +151,7 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
         runtime.create(
             SandboxSpec(
                 sandbox_id=sandbox.sandbox_id,
-                image_id=template.image_id,
+                image_id=sandbox.image_id or template.image_id,
                 cpu_count=sandbox.cpu_count,
                 memory_mb=sandbox.memory_mb,
                 pids_max=template.pids_max,

@@ -37,6 +37,7 @@ from sandboxes.transitions import (
     transition_claim_locked,
     transition_finish,
 )
+from templates.builds.worker import build_sandbox_ids
 from templates.models import Template
 
 State = Sandbox.State
@@ -197,7 +198,9 @@ def sandbox_reconcile() -> dict[str, list[str]]:
         elif sandbox_id in census.kept and mode != PauseMode.FILESYSTEM:
             if _record_kept(sandbox_id, state):
                 kept.append(sandbox_id)
-    for sandbox_id in census.live - known.keys():
+    # Template builds run in sandboxes of their own, which no row names.
+    building = build_sandbox_ids()
+    for sandbox_id in census.live - known.keys() - building:
         # Re-check under the runtime's view: a create may have reserved it since we read.
         if not Sandbox.objects.filter(pk=sandbox_id).exclude(state=State.KILLED).exists():
             runtime.kill(sandbox_id)

@@ -14,6 +14,7 @@ from django.db.models import Q
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
 ENVD_VERSION = "0.6.4"
+DEFAULT_TAG = "default"
 
 
 def new_template_id() -> str:
@@ -116,9 +117,161 @@ class Template(models.Model):
 
     @property
     def build_id(self) -> str:
-        # One immutable build per template: a stable UUID derived from the id.
+        """The build its ``default`` tag points at; for a template that was never built
+        here (imports, snapshots, ``base``) a stable UUID derived from its id."""
+        tag = self.tags.filter(tag=DEFAULT_TAG).values_list("build_id", flat=True).first()
+        if tag is not None:
+            return str(tag)
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"e2bfacade:template:{self.template_id}"))
 
     @property
     def names(self) -> list[str]:
         return [self.alias] if self.alias else []
+
+
+# ------------------------------------------------------------------------------- builds
+class BuildStatus(models.TextChoices):
+    """The statuses E2B's wire knows; nothing else is ever stored or answered."""
+
+    WAITING = "waiting"
+    BUILDING = "building"
+    READY = "ready"
+    ERROR = "error"
+
+
+class TemplateBuild(models.Model):
+    """One build of a template (``POST /v3/templates`` makes it ``waiting``; the trigger
+    stores its steps and makes it ``building``; a build worker holding its lease finishes
+    it ``ready``, with the image, or ``error``, with a reason)."""
+
+    build_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="builds")
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=16, choices=BuildStatus.choices)
+    cpu_count = models.PositiveIntegerField(default=2)
+    memory_mb = models.PositiveIntegerField(default=1024)
+    # The tags the request asked for: assigned when the build becomes ready.
+    tags = models.JSONField(default=list)
+    # The trigger's body (from, steps, start and ready commands, force) and its digest:
+    # a replayed trigger with the same body is answered 202 again.
+    spec = models.JSONField(null=True, blank=True)
+    spec_digest = models.CharField(max_length=64, blank=True, default="")
+    # {"message", "step"?} once the build is ``error``.
+    reason = models.JSONField(null=True, blank=True)
+    image_id = models.CharField(max_length=64, blank=True, default="")
+    # The context (user, workdir, env) after its last step: where a build on it starts.
+    context = models.JSONField(null=True, blank=True)
+    # ``fromImageRegistry`` credentials, encrypted (idempotency.crypto), until the build ends.
+    registry_auth = models.BinaryField(null=True, blank=True)
+    # The build worker holding the build, until when (a crashed worker's lease runs out
+    # and the next one re-drives the build from the layer cache).
+    lease_owner = models.CharField(max_length=64, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "lease_until"])]
+
+    def __str__(self) -> str:
+        return f"{self.template_id}/{self.build_id}"
+
+    @property
+    def sandbox_id(self) -> str:
+        """The runtime id of the sandbox its steps run in (no ``sandboxes`` row has it)."""
+        return f"b-{self.build_id.hex[:20]}"
+
+
+class TemplateTag(models.Model):
+    """A movable pointer from (template, tag) to a build; ``default`` is what a plain
+    template name starts."""
+
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="tags")
+    tag = models.CharField(max_length=128)
+    build = models.ForeignKey(TemplateBuild, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["template", "tag"], name="template_tag_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.template_id}:{self.tag}"
+
+
+class TagAssignment(models.Model):
+    """Each time a tag was pointed at a build: the history ``/tags/{tag}/assignments``
+    pages."""
+
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="+")
+    tag = models.CharField(max_length=128)
+    build = models.ForeignKey(TemplateBuild, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["template", "tag", "-id"])]
+
+    def __str__(self) -> str:
+        return f"{self.template_id}:{self.tag} -> {self.build_id}"
+
+
+class BuildLogEntry(models.Model):
+    """A build's log, as numbered entries: ``logsOffset`` counts them."""
+
+    build = models.ForeignKey(TemplateBuild, on_delete=models.CASCADE, related_name="log")
+    seq = models.PositiveIntegerField()
+    timestamp = models.DateTimeField()
+    level = models.CharField(max_length=8)
+    step = models.CharField(max_length=16, blank=True, default="")
+    message = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["build", "seq"], name="build_log_seq_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.build_id}#{self.seq}"
+
+
+class BuildFile(models.Model):
+    """A COPY step's uploaded archive, stored once per team by the SDK's files hash (so a
+    team's templates share them). The bytes are under ``TEMPLATE_FILES_DIR``."""
+
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="+")
+    files_hash = models.CharField(max_length=128)
+    size_bytes = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "files_hash"], name="build_file_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.files_hash}"
+
+
+class LayerCacheEntry(models.Model):
+    """A build step's result, keyed by E2B's hash chain within a team: the image after the
+    step and the context (user, workdir, env) the next step starts from."""
+
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="+")
+    # The template whose build made it: its layers go with it.
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="+")
+    layer_hash = models.CharField(max_length=64)
+    image_id = models.CharField(max_length=64)
+    context = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "layer_hash"], name="layer_cache_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.layer_hash}"

@@ -37,16 +37,35 @@ class TemplateSerializer(serializers.Serializer[Template]):
         return None
 
     def get_buildCount(self, obj: Template) -> int:
-        return 1
+        return obj.builds.count() or 1  # an imported template is one build
 
     def get_buildStatus(self, obj: Template) -> str:
-        return "ready"  # a template exists only once its image is complete
+        """The latest build's; an imported template exists only once its image does."""
+        latest = obj.builds.order_by("-created_at").values_list("status", flat=True).first()
+        return str(latest or "ready")
 
 
 class TemplateWithBuildsSerializer(TemplateSerializer):
     builds = serializers.SerializerMethodField()
 
     def get_builds(self, obj: Template) -> list[dict[str, Any]]:
+        built = list(obj.builds.order_by("-created_at")[:100])
+        if built:
+            when = serializers.DateTimeField().to_representation
+            return [
+                {
+                    "buildID": str(b.build_id),
+                    "status": b.status,
+                    "createdAt": when(b.created_at),
+                    "updatedAt": when(b.finished_at or b.started_at or b.created_at),
+                    "finishedAt": when(b.finished_at) if b.finished_at else None,
+                    "cpuCount": b.cpu_count,
+                    "memoryMB": b.memory_mb,
+                    "diskSizeMB": obj.disk_size_mb,
+                    "envdVersion": obj.envd_version,
+                }
+                for b in built
+            ]
         return [
             {
                 "buildID": obj.build_id,

@@ -13,7 +13,7 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates import code_interpreter
-from templates.models import Template, new_template_id
+from templates.models import LayerCacheEntry, Template, TemplateBuild, new_template_id
 
 logger = logging.getLogger(__name__)
 ORPHAN_IMAGE_GRACE_SECONDS = 3600
@@ -163,6 +163,9 @@ def template_sweep_images() -> list[str]:
     # build): only an image older than the grace period can be an orphan.
     cutoff = time.time() - ORPHAN_IMAGE_GRACE_SECONDS
     known = set(Template.objects.values_list("image_id", flat=True))
+    # A build's image (a tag may point at it) and the team's cached layers.
+    known |= set(TemplateBuild.objects.exclude(image_id="").values_list("image_id", flat=True))
+    known |= set(LayerCacheEntry.objects.values_list("image_id", flat=True))
     for image_id in runtime.list_images():
         if image_id in known or image_id == BUILTIN_IMAGE:
             continue

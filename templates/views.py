@@ -42,6 +42,14 @@ class TemplateViewSet(viewsets.ViewSet):
         template = _with_stats(Template.objects.filter(pk=found.pk)).get()
         return Response(TemplateWithBuildsSerializer(template).data)
 
+    @extend_schema(operation_id="templateV1BuildRefused", responses={**errors(400)})
+    def v1_refused(self, request: Request, **kwargs: object) -> Response:
+        """E2B's v1 builds (``POST /templates``, ``POST /templates/{id}``) need a registry
+        that receives pushes; this service builds through the v2 protocol only."""
+        from templates.builds.views import V1_REFUSED
+
+        raise ApiError(V1_REFUSED, status=400)
+
     @extend_schema(operation_id="deleteTemplate", responses={204: None, **errors(400, 403, 404)})
     def destroy(self, request: Request, template_id: str) -> Response:
         services.template_delete(team=team_of(request), ref=template_id)

@@ -5,13 +5,15 @@ Each tick it (1) applies the timeout action of sandboxes past ``endAt`` (kill, o
 sandbox transitions abandoned mid-way, (3) reconciles the database with the runtime,
 (4) purges expired idempotency keys and sweeps unused images. Several workers may
 run at once: every step claims its rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` or a
-fenced update, so no sandbox is acted on twice.
+fenced update, so no sandbox is acted on twice. Template builds run beside the ticks, on
+threads of their own (templates.builds.worker; ``--no-builds``: none here).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from argparse import ArgumentParser
 from datetime import timedelta
@@ -27,6 +29,7 @@ from e2bfacade.throttling import purge_windows
 from idempotency import maintenance as idempotency
 from sandboxes import worker
 from sandboxes.models import Sandbox
+from templates.builds import worker as builds
 from templates.services import template_sweep_images
 
 logger = logging.getLogger("e2bfacade.worker")
@@ -39,6 +42,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
         parser.add_argument("--once", action="store_true", help="run one full tick and exit")
+        parser.add_argument(
+            "--no-builds", action="store_true", help="do not run template builds here"
+        )
         parser.add_argument(
             "--stale-after",
             type=float,
@@ -60,6 +66,10 @@ class Command(BaseCommand):
         interval: float = options["interval"]
         stale_after = timedelta(seconds=options["stale_after"])
         tick = 0
+        # Template builds, on threads of their own (a build takes minutes; a tick must not).
+        builds_stop = threading.Event()
+        if not options["once"] and not options["no_builds"]:
+            builds.start_threads(builds_stop)
         while not self.stopping:
             started = time.monotonic()
             close_old_connections()  # survive a database restart between ticks
@@ -71,6 +81,8 @@ class Command(BaseCommand):
                 return
             tick += 1
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        # A build in progress is left to its lease: the next worker re-drives it.
+        builds_stop.set()
         self.stdout.write("worker stopped")
 
     def tick(self, n: int, stale_after: timedelta, *, full: bool) -> None:

@@ -120,7 +120,12 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
         front = None
         if nginx is not None:
-            front = fronts.make(host, port, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+            front = fronts.make(
+                host,
+                port,
+                settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+                upload_limit=settings.TEMPLATE_FILE_MAX_MB << 20,
+            )
         try:
             self._serve(options, host, port, sandbox_host, sandbox_port, nginx, front)
         finally:

@@ -1,0 +1,431 @@
+"""One build, run by a build worker holding its lease: the ``base`` phase (an image from a
+registry, or a template's), E2B's default-user phase, the steps, and ``finalize``, each
+keyed by E2B's hash chain in the team's layer cache. Steps run in a sandbox of the runtime's
+own (``b-…``: no ``sandboxes`` row; a user namespace, the build's CPU and memory, a disk
+quota, the runtime's NAT and blocked ranges), never on the host. The sandbox keeps running
+from step to step; its files are captured as a layer (a snapshot: files only) after a slow
+step and at the end, so a rebuild that changes a late step starts from there.
+
+No transaction is held while a step runs; everything the build records goes through the
+callbacks of :class:`Reporter` (the worker fences them on its lease)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from e2bfacade.runtime.base import (
+    Capability,
+    GuestFileError,
+    ImageBuild,
+    NetworkPolicy,
+    ProcessSpec,
+    Runtime,
+    SandboxRuntimeError,
+    SandboxSpec,
+    StartCommand,
+    Stream,
+    UnknownUser,
+)
+from e2bfacade.runtime.guest import Guest, run_process
+from e2bfacade.runtime.start import run_start_command
+from templates.builds import steps as S
+from templates.builds.steps import Context, StepFailed
+
+logger = logging.getLogger(__name__)
+# A step slower than this is worth a layer of its own in the cache.
+LAYER_AFTER_SECONDS = 2.0
+# Images deeper than this are not built on (the runtime passes each layer to a sandbox as a
+# descriptor, at most about 31): the cache is then not used below that point.
+MAX_DEPTH = 12
+READY_TIMEOUT = 600.0
+FINAL_DEFAULT_READY = "sleep 20"
+
+
+class Canceled(Exception):
+    """The build is no longer this worker's (superseded, canceled, or its lease lost)."""
+
+
+@dataclass(frozen=True)
+class Base:
+    image_id: str
+    key: str  # what the base phase's hash is made of
+    context: Context
+    label: str  # the log's "FROM …"
+    default_user_phase: bool  # E2B's implicit USER user with sudo (not for a template)
+
+
+@dataclass(frozen=True)
+class Layer:
+    image_id: str
+    context: Context
+
+
+class Reporter(Protocol):
+    def log(self, message: str, *, level: str = "info", step: str = "") -> None: ...
+    def alive(self) -> None:
+        """Raise Canceled when the build is no longer ours (called between steps)."""
+
+    def cached(self, layer_hash: str) -> Layer | None: ...
+    def remember(self, layer_hash: str, layer: Layer) -> None: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    template_id: str
+    build_id: str
+    sandbox_id: str
+    cpu_count: int
+    memory_mb: int
+    disk_mb: int
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Result:
+    image_id: str
+    context: Context
+
+
+def depth(runtime: Runtime, image_id: str) -> int:
+    n, current = 0, image_id
+    while current and n < 64:
+        n += 1
+        current = runtime.image_info(current).parent or ""
+    return n
+
+
+class Execution:
+    def __init__(
+        self,
+        runtime: Runtime,
+        plan: Plan,
+        base: Base,
+        report: Reporter,
+        *,
+        archive: Callable[[str], Path | None],
+        internet: bool,
+        step_timeout: float,
+    ) -> None:
+        self.runtime, self.plan, self.base, self.report = runtime, plan, base, report
+        self.archive, self.internet, self.step_timeout = archive, internet, step_timeout
+        self.guest: Guest | None = None
+        self.sandbox_image = ""
+        self.current = "base"  # the step running: where a failure is reported
+
+    # ----------------------------------------------------------------------- the phases
+    def run(self) -> Result:
+        spec, report = self.plan.spec, self.report
+        force = bool(spec["force"])
+        h = S.chain(S.chain("", *S.HASH_VERSION), str(self.plan.disk_mb), self.base.key)
+        report.log(
+            f"{'' if force else 'CACHED '}[base] FROM {self.base.label} [{h[:12]}]", step="base"
+        )
+        layer = Layer(self.base.image_id, self.base.context)
+        todo: list[tuple[str, str, dict[str, Any]]] = []  # (hash, step label, step)
+        if self.base.default_user_phase:
+            h = S.chain(h, "DEFAULT USER", S.DEFAULT_USER)
+            todo.append((h, "base", {"type": "USER", "args": [S.DEFAULT_USER, "true"]}))
+        for n, step in enumerate(spec["steps"], 1):
+            h = S.step_hash(h, step)
+            todo.append((h, str(n), step))
+        # The longest cached prefix, up to the first forced step.
+        start = 0
+        for i, (key, _, step) in enumerate(todo):
+            if force or step.get("force"):
+                break
+            hit = report.cached(key)
+            if hit is None or depth(self.runtime, hit.image_id) > MAX_DEPTH:
+                break
+            layer, start = hit, i + 1
+        total = len(spec["steps"])
+        for i, (key, label, step) in enumerate(todo):
+            prefix = "[base]" if label == "base" else f"[builder {label}/{total}]"
+            text = "DEFAULT USER user" if label == "base" else S.header(step)
+            if i < start:
+                report.log(f"CACHED {prefix} {text} [{key[:12]}]", step=label)
+                continue
+            report.alive()
+            self.current = label
+            report.log(f"{prefix} {text} [{key[:12]}]", step=label)
+            began = time.monotonic()
+            ctx = self._step(layer, prefix, label, step)
+            layer = Layer(layer.image_id, ctx)
+            last = i == len(todo) - 1
+            if last or time.monotonic() - began > LAYER_AFTER_SECONDS:
+                layer = Layer(self._capture(f"tl-{key[:24]}"), ctx)
+                report.remember(key, layer)
+        return self._finalize(h, layer)
+
+    def _finalize(self, h: str, layer: Layer) -> Result:
+        spec, report, plan = self.plan.spec, self.report, self.plan
+        start_cmd, ready_cmd = spec.get("startCmd"), spec.get("readyCmd")
+        if start_cmd and not ready_cmd:
+            ready_cmd = FINAL_DEFAULT_READY
+        key = S.chain(h, "FINALIZE", start_cmd or "", ready_cmd or "")
+        self.current = "finalize"
+        hit = None if spec["force"] else report.cached(key)
+        report.alive()
+        if hit is not None:
+            report.log(f"CACHED [finalize] Finalizing template build [{key[:12]}]", step="finalize")
+            return Result(hit.image_id, hit.context)
+        report.log(f"[finalize] Finalizing template build [{key[:12]}]", step="finalize")
+        ctx = layer.context
+        self._run_root(
+            layer, S.finalize_script(plan.template_id, plan.build_id), "finalize", "[finalize]"
+        )
+        files = self._capture(f"tz-{key[:24]}")
+        start = None
+        if start_cmd:
+            start = StartCommand(
+                argv=("/bin/bash", "-l", "-c", start_cmd),
+                user=ctx.user,
+                cwd=ctx.workdir,
+                env=ctx.process_env(),
+                ready_argv=("/bin/bash", "-l", "-c", ready_cmd or "true"),
+                ready_timeout=READY_TIMEOUT,
+            )
+            self._check_ready(start)
+        elif ready_cmd:
+            self._check_ready_only(ready_cmd, ctx)
+        image_id = f"tf-{key[:24]}"
+        info = self.runtime.build_image(
+            ImageBuild(image_id=image_id, parent=files, populate=_nothing, env=ctx.env, start=start)
+        )
+        result = Layer(info.image_id, ctx)
+        report.remember(key, result)
+        return Result(info.image_id, ctx)
+
+    # ------------------------------------------------------------------------ the steps
+    def _step(self, layer: Layer, prefix: str, label: str, step: dict[str, Any]) -> Context:
+        kind, args, ctx = step["type"], step["args"], layer.context
+        if kind == "RUN":
+            if not args:
+                raise StepFailed("RUN requires a command")
+            user = args[1] if len(args) > 1 and args[1] else ctx.user
+            self._run(layer, args[0], user=user, cwd=ctx.workdir, prefix=prefix, label=label)
+            return ctx
+        if kind in ("COPY", "ADD"):
+            return self._copy(layer, step, prefix, label)
+        if kind in ("ENV", "ARG"):
+            if len(args) % 2:
+                raise StepFailed("ENV requires both a key and value arguments")
+            env = dict(ctx.env)
+            for k, v in zip(args[::2], args[1::2], strict=True):
+                out = self._run_root(layer, S.env_script(v), label, prefix, ctx=ctx, quiet=True)
+                env[k] = out
+            return dataclasses.replace(ctx, env=env)
+        if kind == "WORKDIR":
+            if not args or not args[0]:
+                raise StepFailed("WORKDIR requires a path")
+            path = args[0] if args[0].startswith("/") else f"{ctx.workdir or '/'}/{args[0]}"
+            out = self._run_root(layer, S.workdir_script(path, ctx.user), label, prefix, quiet=True)
+            return S.with_workdir(ctx, out.strip().splitlines()[-1] if out.strip() else path)
+        if kind == "USER":
+            if not args or not args[0]:
+                raise StepFailed("USER requires a user name")
+            sudo = len(args) > 1 and args[1] == "true"
+            self._run_root(layer, S.user_script(args[0], sudo=sudo), label, prefix)
+            return dataclasses.replace(ctx, user=args[0])
+        raise StepFailed(f"command type {kind} is not implemented")
+
+    def _copy(self, layer: Layer, step: dict[str, Any], prefix: str, label: str) -> Context:
+        files_hash = step.get("filesHash")
+        if not files_hash:
+            raise StepFailed("COPY requires files hash to be set")
+        source = self.archive(files_hash)
+        if source is None:
+            raise StepFailed(f"the files of COPY {' '.join(step['args'][:2])} were never uploaded")
+        guest = self._guest(layer)
+        archive = f"/tmp/.e2b-copy-{files_hash[:16]}.tar"
+        try:
+            guest.write_file(archive, _chunks(source), user="root")
+        except GuestFileError as exc:
+            raise StepFailed(f"cannot put the files in the build sandbox: {exc}") from None
+        self._run_root(layer, S.copy_script(archive, step, layer.context), label, prefix)
+        return layer.context
+
+    # ------------------------------------------------------------------ the sandbox
+    def _guest(self, layer: Layer) -> Guest:
+        """The build sandbox, started on ``layer`` the first time a step needs it."""
+        if self.guest is not None:
+            return self.guest
+        rt = self.runtime
+        rt.kill(self.plan.sandbox_id)  # what an earlier attempt of this build left
+        internet = Capability.INTERNET_ACCESS in rt.capabilities and self.internet
+        rt.create(
+            SandboxSpec(
+                sandbox_id=self.plan.sandbox_id,
+                image_id=layer.image_id,
+                cpu_count=self.plan.cpu_count,
+                memory_mb=self.plan.memory_mb,
+                disk_mb=self.plan.disk_mb,
+                hostname="e2b-build",
+                default_user="root",
+                network=NetworkPolicy(allow_internet=internet),
+                warm_pool=0,
+            )
+        )
+        self.sandbox_image = layer.image_id
+        self.guest = rt.guest(self.plan.sandbox_id)
+        return self.guest
+
+    def _capture(self, image_id: str) -> str:
+        """The build sandbox's files as a layer image (files only: no process is kept)."""
+        assert self.guest is not None
+        try:
+            return self.runtime.snapshot(self.plan.sandbox_id, image_id).image_id
+        except SandboxRuntimeError as exc:
+            raise StepFailed(f"cannot keep the step's files: {exc.message}") from None
+
+    def close(self) -> None:
+        if self.guest is not None or self.sandbox_image:
+            try:
+                self.runtime.kill(self.plan.sandbox_id)
+            except SandboxRuntimeError:
+                logger.exception("build sandbox %s was not killed", self.plan.sandbox_id)
+
+    # --------------------------------------------------------------------- processes
+    def _run(
+        self,
+        layer: Layer,
+        cmd: str,
+        *,
+        user: str,
+        cwd: str | None,
+        prefix: str,
+        label: str,
+        ctx: Context | None = None,
+    ) -> None:
+        """A RUN: ``bash -l -c`` as ``user``, its output logged line by line."""
+        guest = self._guest(layer)
+        spec = ProcessSpec(
+            argv=("/bin/bash", "-l", "-c", cmd),
+            user=user,
+            cwd=cwd,
+            env=(ctx or layer.context).process_env(),
+            timeout=self.step_timeout,
+            tag="build",
+        )
+        try:
+            proc = guest.start_process(spec)
+        except UnknownUser:
+            raise StepFailed(
+                f"failed to run command '{cmd}': command failed: unauthenticated: "
+                f"invalid username: '{user}'"
+            ) from None
+        except GuestFileError as exc:
+            raise StepFailed(f"failed to run command '{cmd}': {exc.message}") from None
+        try:
+            for stream, line in _lines(proc.output()):
+                self.report.log(f"{prefix} [{stream}]: {line}", step=label)
+            status = proc.wait()
+        finally:
+            proc.close()
+        if status.exit_code != 0:
+            raise StepFailed(f"failed to run command '{cmd}': exit status {status.exit_code}")
+
+    def _run_root(
+        self,
+        layer: Layer,
+        script: str,
+        label: str,
+        prefix: str,
+        *,
+        ctx: Context | None = None,
+        quiet: bool = False,
+    ) -> str:
+        """One of the builder's own scripts, as guest root; its stdout is returned, its
+        output logged unless ``quiet``; a failure is the step's, with what it said."""
+        guest = self._guest(layer)
+        done = run_process(
+            guest,
+            ProcessSpec(
+                argv=("/bin/bash", "-c", script),
+                user="root",
+                cwd="/",
+                env=(ctx or layer.context).process_env(),
+                timeout=self.step_timeout,
+                tag="build",
+            ),
+            max_output=1 << 20,
+        )
+        out = done.stdout.decode(errors="replace")
+        said = done.stderr.decode(errors="replace").strip()
+        if not quiet:
+            for line in (out + "\n" + said).splitlines():
+                if line.strip():
+                    self.report.log(f"{prefix} {line}", step=label, level="debug")
+        if done.exit_code != 0:
+            last = said.splitlines()[-1] if said else f"exit status {done.exit_code}"
+            raise StepFailed(last)
+        return out
+
+    def _check_ready(self, start: StartCommand) -> None:
+        """Run the start command and its ready command once here, as every sandbox of the
+        template will: a template whose start never gets ready fails its build."""
+        assert self.guest is not None
+        self.report.log(f"[finalize] Running start command: {start.argv[-1]}", step="finalize")
+        self.report.log(
+            f"[finalize] Waiting for template to be ready: {(start.ready_argv or ('',))[-1]}",
+            step="finalize",
+        )
+        try:
+            run_start_command(self.guest, start)
+        except SandboxRuntimeError as exc:
+            raise StepFailed(f"ready command failed: {exc.message}") from None
+        self.report.log("[finalize] Template is ready", step="finalize")
+
+    def _check_ready_only(self, ready_cmd: str, ctx: Context) -> None:
+        assert self.guest is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            self.report.alive()
+            done = run_process(
+                self.guest,
+                ProcessSpec(
+                    argv=("/bin/bash", "-l", "-c", ready_cmd),
+                    user=ctx.user,
+                    cwd=ctx.workdir,
+                    env=ctx.process_env(),
+                    timeout=READY_TIMEOUT,
+                ),
+                max_output=4096,
+            )
+            if done.exit_code == 0:
+                return
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"ready command failed: ready command timed out after {READY_TIMEOUT:g} s"
+                )
+            time.sleep(1.0)
+
+
+def _nothing(rootfs: Path) -> None:
+    """The final image adds no files: only its environment and start command."""
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            yield chunk
+
+
+def _lines(output: Iterator[tuple[Stream, bytes]]) -> Iterator[tuple[str, str]]:
+    """A process's output as (stream, line) pairs, each line at most 4 KiB."""
+    pending: dict[str, bytes] = {}
+    for stream, data in output:
+        name = "stdout" if stream is not Stream.STDERR else "stderr"
+        buf = pending.get(name, b"") + data
+        *lines, rest = buf.split(b"\n")
+        for line in lines:
+            yield name, line[:4096].decode(errors="replace").rstrip("\r")
+        pending[name] = rest[-65536:]
+    for name, rest in pending.items():
+        if rest:
+            yield name, rest[:4096].decode(errors="replace")

@@ -1,0 +1,319 @@
+"""The build state machine's writes from the API: request (``waiting``), trigger
+(``building``), status and logs; the worker side is :mod:`.worker`.
+
+Replays are safe: a repeated request makes a new ``waiting`` build and supersedes the one
+before (as E2B does); a repeated trigger with the same body answers 202 again; a trigger
+with another body of a build already started is E2B's 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from e2bfacade.errors import ApiError, AtCapacity, BadRequest
+from e2bfacade.models import Team
+from idempotency import crypto
+from templates.builds import names
+from templates.models import (
+    DEFAULT_TAG,
+    BuildLogEntry,
+    BuildStatus,
+    Template,
+    TemplateBuild,
+)
+
+SUPERSEDED = "The build was canceled because it was superseded by a newer one."
+CANCELED = "The build was canceled because a newer build of the template started."
+STEP_TYPES = ("RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER")
+MAX_STEPS = 512
+MAX_SPEC_BYTES = 1 << 20
+LOG_PAGE = 100
+LEVELS = ("debug", "info", "warn", "error")
+
+
+class Forbidden(ApiError):
+    status = 403
+
+
+class TooManyBuilds(AtCapacity):
+    pass
+
+
+@dataclass(frozen=True)
+class Requested:
+    template: Template
+    build: TemplateBuild
+    tags: list[str]
+
+
+def check_shape(cpu_count: object, memory_mb: object) -> tuple[int, int]:
+    """E2B's CPU and memory rules, with its messages."""
+    cpu = 2 if cpu_count is None else cpu_count
+    memory = 1024 if memory_mb is None else memory_mb
+    if not isinstance(cpu, int) or isinstance(cpu, bool) or not 1 <= cpu <= 32:
+        raise BadRequest("CPU count must be between 1 and 32")
+    if cpu != 1 and cpu % 2:
+        raise BadRequest("CPU count must be 1 or an even number")
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 128:
+        raise BadRequest("Memory must be at least 128 MiB")
+    if memory % 2:
+        raise BadRequest("Memory must be divisible by 2")
+    return cpu, memory
+
+
+def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
+    """``POST /v3/templates``: the template (made on first use of its name) and a new
+    ``waiting`` build that will carry the tags."""
+    name = names.parse(body.get("name") or body.get("alias"))
+    tags = names.tags(body.get("tags") or [], first=name.tag) or [DEFAULT_TAG]
+    cpu, memory = check_shape(body.get("cpuCount"), body.get("memoryMB"))
+    _check_fits(name.name, cpu, memory)
+    with transaction.atomic():
+        template = _template_for(team, name.name)
+        active = TemplateBuild.objects.filter(
+            team=team, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
+        )
+        # Superseded below, so they do not count against the limit.
+        superseded = [
+            b
+            for b in active.filter(template=template, status=BuildStatus.WAITING)
+            if set(b.tags) & set(tags)
+        ]
+        if active.count() - len(superseded) >= settings.TEMPLATE_BUILDS_PER_TEAM:
+            raise TooManyBuilds(
+                "you have reached the maximum number of concurrent template builds "
+                f"({settings.TEMPLATE_BUILDS_PER_TEAM}). Please wait for existing builds to "
+                "complete or contact support if you need more concurrent builds."
+            )
+        for old in superseded:
+            finish_error(old, SUPERSEDED, step=None)
+        build = TemplateBuild.objects.create(
+            template=template,
+            team=team,
+            status=BuildStatus.WAITING,
+            cpu_count=cpu,
+            memory_mb=memory,
+            tags=tags,
+        )
+    return Requested(template, build, tags)
+
+
+def _check_fits(name: str, cpu: int, memory: int) -> None:
+    from e2bfacade.sandbox_runtime import get_runtime
+    from templates.services import DEFAULT_PIDS_MAX, template_fits
+
+    template_fits(
+        get_runtime().capacity(),
+        name=name,
+        cpu_count=cpu,
+        memory_mb=memory,
+        pids_max=DEFAULT_PIDS_MAX,
+        disk_size_mb=1024,
+    )
+
+
+def _template_for(team: Team, name: str) -> Template:
+    """The team's template of that name, locked; made (without an image) on first use. A
+    public template's name, or another template's id, is not the team's to build."""
+    if Template.objects.filter(Q(team__isnull=True, alias=name) | Q(template_id=name)).exists():
+        raise Forbidden(f"Alias '{name}' already used")
+    template = Template.objects.select_for_update().filter(team=team, alias=name).first()
+    if template is not None:
+        if template.kind != Template.Kind.TEMPLATE:
+            raise Forbidden(f"Alias '{name}' already used")
+        return template
+    try:
+        with transaction.atomic():
+            return Template.objects.create(team=team, alias=name, image_id="")
+    except IntegrityError:  # a concurrent request made it first
+        return Template.objects.select_for_update().get(team=team, alias=name)
+
+
+def resolve_build(*, team: Team, template_ref: str, build_id: str) -> TemplateBuild:
+    try:
+        key = uuid.UUID(build_id)
+    except ValueError:
+        raise BadRequest(f"Invalid build ID '{build_id}'") from None
+    build = TemplateBuild.objects.select_related("template").filter(pk=key).first()
+    if build is None:
+        raise BadRequest(f"Build '{build_id}' not found")
+    if build.team_id != team.pk:
+        raise Forbidden("User does not have access to the template")
+    template = build.template
+    if template_ref not in (template.template_id, template.alias):
+        raise BadRequest(f"Build '{build_id}' not found")
+    return build
+
+
+def spec_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The trigger's body as stored: checked in shape, credentials left out."""
+    if len(json.dumps(body)) > MAX_SPEC_BYTES:
+        raise BadRequest(f"the build's steps exceed {MAX_SPEC_BYTES} bytes")
+    image, parent = body.get("fromImage"), body.get("fromTemplate")
+    if bool(image) == bool(parent):
+        raise BadRequest("exactly one of fromImage and fromTemplate is required")
+    for key, value in (("fromImage", image), ("fromTemplate", parent)):
+        if value is not None and (not isinstance(value, str) or len(value) > 512):
+            raise BadRequest(f"{key} must be a string")
+    steps = body.get("steps") or []
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        raise BadRequest(f"steps must be a list of at most {MAX_STEPS} steps")
+    clean = []
+    for n, step in enumerate(steps, 1):
+        if not isinstance(step, dict):
+            raise BadRequest(f"step {n} must be an object")
+        kind = str(step.get("type", "")).upper()
+        args = step.get("args") or []
+        if kind not in STEP_TYPES:
+            raise BadRequest(f"step {n}: command type {step.get('type')!r} is not implemented")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise BadRequest(f"step {n}: args must be a list of strings")
+        files_hash = step.get("filesHash")
+        if files_hash is not None and not isinstance(files_hash, str):
+            raise BadRequest(f"step {n}: filesHash must be a string")
+        clean.append(
+            {"type": kind, "args": args, "force": bool(step.get("force")), "filesHash": files_hash}
+        )
+    for key in ("startCmd", "readyCmd"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise BadRequest(f"{key} must be a string")
+    return {
+        "fromImage": image,
+        "fromTemplate": parent,
+        "force": bool(body.get("force")),
+        "steps": clean,
+        "startCmd": body.get("startCmd"),
+        "readyCmd": body.get("readyCmd"),
+    }
+
+
+def _registry_auth(body: dict[str, Any]) -> bytes | None:
+    auth = body.get("fromImageRegistry")
+    if auth is None:
+        return None
+    if not isinstance(auth, dict) or not isinstance(auth.get("type"), str):
+        raise BadRequest("fromImageRegistry must be an object with a type")
+    return crypto.encrypt(json.dumps(auth).encode())
+
+
+def build_trigger(
+    *, team: Team, template_ref: str, build_id: str, body: dict[str, Any]
+) -> TemplateBuild:
+    """``POST /v2/templates/{id}/builds/{buildID}``: store the steps and make the build
+    ``building`` (the build worker takes it from there); the running builds of the same
+    template are canceled."""
+    spec = spec_of(body)
+    digest = hashlib.sha256(
+        json.dumps([spec, body.get("fromImageRegistry")], sort_keys=True).encode()
+    ).hexdigest()
+    auth = _registry_auth(body)
+    with transaction.atomic():
+        build = resolve_build(team=team, template_ref=template_ref, build_id=build_id)
+        build = TemplateBuild.objects.select_for_update().get(pk=build.pk)
+        if build.status != BuildStatus.WAITING:
+            if build.spec_digest == digest:
+                return build  # a replay of the trigger that started it
+            raise BadRequest("build is not in waiting state")
+        for running in TemplateBuild.objects.select_for_update().filter(
+            template_id=build.template_id, status=BuildStatus.BUILDING
+        ):
+            finish_error(running, CANCELED, step=None)
+        build.spec, build.spec_digest, build.registry_auth = spec, digest, auth
+        build.status, build.started_at = BuildStatus.BUILDING, timezone.now()
+        build.save(update_fields=["spec", "spec_digest", "registry_auth", "status", "started_at"])
+    return build
+
+
+def finish_error(build: TemplateBuild, message: str, *, step: str | None) -> bool:
+    """End a build ``error`` with ``message`` (at ``step``), unless it already ended; the
+    last log entry says so. Returns whether this call ended it."""
+    now = timezone.now()
+    updated = TemplateBuild.objects.filter(
+        pk=build.pk, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
+    ).update(
+        status=BuildStatus.ERROR,
+        reason={"message": message, **({"step": step} if step else {})},
+        finished_at=now,
+        registry_auth=None,
+        lease_owner="",
+        lease_until=None,
+    )
+    if updated:
+        append_log(build, f"Build failed: {message}", level="error", step=step or "")
+    return bool(updated)
+
+
+def append_log(build: TemplateBuild, *lines: str, level: str = "info", step: str = "") -> None:
+    """Append entries to the build's log, numbered on; past TEMPLATE_BUILD_LOG_ENTRIES one
+    last entry says the rest was dropped."""
+    cap = settings.TEMPLATE_BUILD_LOG_ENTRIES
+    with transaction.atomic():
+        last = (
+            BuildLogEntry.objects.select_for_update()
+            .filter(build=build)
+            .order_by("-seq")
+            .values_list("seq", flat=True)
+            .first()
+        )
+        seq = -1 if last is None else last
+        now = timezone.now()
+        rows = []
+        for line in lines:
+            seq += 1
+            if seq > cap:
+                break
+            if seq == cap:
+                line, level = f"the log is over {cap} entries; the rest is not kept", "warn"
+            rows.append(
+                BuildLogEntry(
+                    build=build, seq=seq, timestamp=now, level=level, step=step, message=line
+                )
+            )
+        BuildLogEntry.objects.bulk_create(rows)
+
+
+def log_entries(build: TemplateBuild, *, offset: int, limit: int, level: str | None) -> list[Any]:
+    qs = BuildLogEntry.objects.filter(build=build).order_by("seq")
+    if level:
+        qs = qs.filter(level__in=LEVELS[LEVELS.index(level) :])
+    return [_entry(e) for e in qs[offset : offset + limit]]
+
+
+def _entry(e: BuildLogEntry) -> dict[str, Any]:
+    return {
+        "timestamp": e.timestamp.isoformat().replace("+00:00", "Z"),
+        "level": e.level,
+        "message": e.message,
+        "step": e.step or None,
+    }
+
+
+def build_status(
+    build: TemplateBuild, *, offset: int, limit: int, level: str | None
+) -> dict[str, Any]:
+    """``TemplateBuildInfo``: ``reason`` only when there is one (``null`` crashes the SDK)."""
+    info: dict[str, Any] = {
+        "templateID": build.template_id,
+        "buildID": str(build.build_id),
+        "status": build.status,
+        "logs": [],
+        "logEntries": log_entries(build, offset=offset, limit=limit, level=level),
+    }
+    if build.reason:
+        reason = dict(build.reason)
+        step = reason.get("step")
+        warn = BuildLogEntry.objects.filter(build=build, level__in=("warn", "error"))
+        if step:
+            warn = warn.filter(step=step)
+        reason["logEntries"] = [_entry(e) for e in warn.order_by("seq")[:LOG_PAGE]]
+        info["reason"] = reason
+    return info
