@@ -79,14 +79,16 @@ if ((${#missing[@]})); then
     # :5000): invoke-rc.d and deb-systemd-invoke ask policy-rc.d, and 101 means "no". A
     # policy the host has is left as it is; one made here is removed afterwards.
     policy=/usr/sbin/policy-rc.d
+    made_policy=""
     if [[ ! -e $policy ]]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy"
         chmod 755 "$policy"
+        made_policy=1
         trap 'rm -f "$policy"' EXIT
     fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    if [[ -n "$(trap -p EXIT)" ]]; then
+    if [[ -n $made_policy ]]; then
         rm -f "$policy"
         trap - EXIT
     fi
