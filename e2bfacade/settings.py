@@ -225,6 +225,25 @@ SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 
 # The most a snapshot may capture of a sandbox's written files; a larger one is refused
 # with a 400 (the host's disk is shared by every sandbox, the database and the service).
 SANDBOX_SNAPSHOT_MAX_MB = _positive_int("SANDBOX_SNAPSHOT_MAX_MB", 10 * 1024)
+
+# Template bases (templates/builds/): the registry every image pull goes to instead of the
+# image's own (http:// is plain HTTP, https:// verified; empty: none), the largest image a
+# pull accepts (its compressed layers, MB), and where pulled images (images/) and the
+# Debian bases (bases/) are cached.
+TEMPLATE_REGISTRY_MIRROR = env.str("TEMPLATE_REGISTRY_MIRROR", default="").rstrip("/") or None
+if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
+    r"^https?://[^/]+$", TEMPLATE_REGISTRY_MIRROR
+):
+    raise ImproperlyConfigured(
+        "TEMPLATE_REGISTRY_MIRROR must be http://host[:port] or https://host[:port], "
+        f"got {TEMPLATE_REGISTRY_MIRROR!r}"
+    )
+TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
+TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bfacade"))
+if not TEMPLATE_CACHE_DIR.is_absolute():
+    raise ImproperlyConfigured(
+        f"TEMPLATE_CACHE_DIR must be an absolute path, got {str(TEMPLATE_CACHE_DIR)!r}"
+    )
 # Admission (sandboxes/admission.py): sandboxes a team may have at once (0: no limit), and
 # how far the memory and disk given to live sandboxes may exceed what the host has.
 SANDBOX_MAX_CONCURRENT_PER_TEAM = _int(
@@ -423,6 +442,3 @@ TEMPLATE_BUILD_LOG_ENTRIES = _positive_int("TEMPLATE_BUILD_LOG_ENTRIES", 10000)
 # Whether RUN steps reach the internet (through the runtime's NAT and SANDBOX_BLOCKED_CIDRS,
 # as any sandbox's traffic does).
 TEMPLATE_BUILD_INTERNET = env.bool("TEMPLATE_BUILD_INTERNET", default=True)
-# A registry every image pull goes to instead of the image's own (as a registry mirror
-# does): Docker Hub names as <mirror>/<repo>:<tag>, others as <mirror>/<host>/<repo>:<tag>.
-TEMPLATE_REGISTRY_MIRROR = env.str("TEMPLATE_REGISTRY_MIRROR", default="").rstrip("/")

@@ -22,6 +22,11 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # slow or idle clients cannot hold them (with a configuration of its own, nothing in /etc).
 packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs nftables
     libnftables1 iproute2 curl lxcfs nginx-light)
+# Template bases (templates/builds/): skopeo copies images from a registry, umoci flattens
+# them into a root file system and packs the Debian bases that mmdebstrap makes, and
+# docker-registry is the registry the tests (and an operator's mirror) serve on loopback.
+# Only the programs are wanted: no registry service is started (see below).
+packages+=(skopeo umoci docker-registry mmdebstrap)
 # node + npm: the JS SDK contract test (tests/contract/test_js_sdk.py). The machines ship
 # Node 20; Debian's own nodejs is only the fallback when none is installed.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
@@ -70,12 +75,32 @@ if ((${#missing[@]})); then
     fi
     log "installing system packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # No package may start a service while it installs (docker-registry's would listen on
+    # :5000): invoke-rc.d and deb-systemd-invoke ask policy-rc.d, and 101 means "no". A
+    # policy the host has is left as it is; one made here is removed afterwards.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=""
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        made_policy=1
+        trap 'rm -f "$policy"' EXIT
+    fi
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ -n $made_policy ]]; then
+        rm -f "$policy"
+        trap - EXIT
+    fi
     # Debian's package enables and starts an nginx service of its own, on port 80 with a
     # welcome page: not one this service wants. A host's own nginx, installed before, is left.
     if [[ " ${missing[*]} " == *" nginx-light "* ]] && command -v systemctl >/dev/null; then
         systemctl disable --now nginx.service >/dev/null 2>&1 || true
+    fi
+    # The registry's unit is enabled by its package even when policy-rc.d kept it from
+    # starting: disabled, so that a reboot does not start it either.
+    if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
     fi
 fi
 

@@ -450,7 +450,10 @@ class StartCommand:
 class ImageBuild:
     """An image made by code instead of an archive: ``populate`` fills the new layer's
     root (a directory on the host, on top of ``parent``'s files); ``env`` is the
-    environment of every process in its sandboxes (under the sandbox's env vars)."""
+    environment of every process in its sandboxes (under the sandbox's env vars). Without
+    a ``parent``, what ``populate`` makes is a whole root file system, finished as an
+    imported archive is (the driver's mount points, the default user's account and home
+    when it has none)."""
 
     image_id: str
     parent: str | None

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from e2bfacade.sandbox_runtime import get_runtime
-from templates.builds import names
+from templates.builds import images, names, registry
 from templates.builds import tags as tagging
 from templates.builds.executor import Base
 from templates.builds.steps import DEFAULT_USER, Context
@@ -66,17 +66,19 @@ def _from_template(team_id: int, ref: str) -> Base:
 
 
 def _from_image(team_id: int, ref: str, auth: dict[str, Any] | None) -> Base:
-    from templates.builds import registry  # type: ignore[attr-defined]
-
-    mirror = settings.TEMPLATE_REGISTRY_MIRROR or None
     try:
         pulled = registry.pull(
-            ref, auth=registry.auth_from(auth), mirror=mirror, cache_dir=registry.cache_dir()
+            ref,
+            auth=registry.RegistryAuth.from_wire(auth),
+            mirror=settings.TEMPLATE_REGISTRY_MIRROR,
+            cache_dir=settings.TEMPLATE_CACHE_DIR / "images",
+            max_mb=settings.TEMPLATE_IMAGE_MAX_MB,
         )
-        # Pulled with credentials: the team's own (another team must not get it unasked).
-        scope = f"t{team_id}-" if auth else ""
-        image_id = f"oci-{scope}{pulled.digest.split(':')[-1][:24]}"
-        info = registry.import_pulled(get_runtime(), image_id, pulled)
+        image_id = images.image_id_for(pulled)
+        if auth:
+            # Pulled with credentials: the team's own (another team must not get it unasked).
+            image_id = f"{image_id[:28]}-t{team_id}"
+        info = images.import_pulled(get_runtime(), image_id, pulled)
     except registry.PullFailed as exc:
         raise BaseUnavailable(exc.message) from None
     return Base(

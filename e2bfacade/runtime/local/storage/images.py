@@ -194,6 +194,8 @@ class ImageStore:
 
         def make(tmp: Path) -> dict[str, Any]:
             spec.populate(tmp / "rootfs")
+            if spec.parent is None:  # a whole root file system, finished as an import's
+                finish_root(tmp / "rootfs")
             meta: dict[str, Any] = {"parent": spec.parent, "host_binds": []}
             if spec.env:
                 meta["env"] = dict(spec.env)
@@ -212,17 +214,7 @@ class ImageStore:
 
         def make(tmp: Path) -> dict[str, Any]:
             layers.extract_layer(spool, tmp / "rootfs")
-            # Never through a symlink: the archive's links point into the guest's tree,
-            # not the host's.
-            for d in MOUNT_POINTS:
-                p = tmp / "rootfs"
-                for part in Path(d).parts:
-                    p = p / part
-                    if p.is_symlink() or (p.exists() and not p.is_dir()):
-                        raise CreateRefused(f"/{d} in the archive is not a directory")
-                    if not p.exists():
-                        p.mkdir()
-            homes.ensure_default_user(tmp / "rootfs")
+            finish_root(tmp / "rootfs")
             return {"parent": None, "host_binds": []}
 
         try:
@@ -233,6 +225,21 @@ class ImageStore:
             raise CreateRefused(f"cannot import the archive: {exc}") from exc
         finally:
             spool.unlink(missing_ok=True)
+
+
+def finish_root(rootfs: Path) -> None:
+    """Make a root file system (an archive's, or a parentless build's) an image's: the
+    runtime's mount points, and the default user's account and home if it has none."""
+    # Never through a symlink: the tree's links point into the guest's tree, not the host's.
+    for d in MOUNT_POINTS:
+        p = rootfs
+        for part in Path(d).parts:
+            p = p / part
+            if p.is_symlink() or (p.exists() and not p.is_dir()):
+                raise CreateRefused(f"/{d} in the archive is not a directory")
+            if not p.exists():
+                p.mkdir()
+    homes.ensure_default_user(rootfs)
 
 
 def start_of(chain: builtins.list[dict[str, Any]]) -> StartCommand | None:
