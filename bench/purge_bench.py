@@ -34,7 +34,7 @@ import httpx  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 BODY = {"templateID": "base", "timeout": 300}
-TOKEN = "from idempotency import crypto; print(crypto.encrypt(b'{\"placeholder\": true}').decode())"
+TOKEN = "from e2bfacade import crypto; print(crypto.encrypt(b'{\"placeholder\": true}').decode())"
 INSERT = """
 INSERT INTO idempotency_idempotencyrecord (
     team_id, key, route, fingerprint, state, lease_owner, lease_expires_at, attempt,

@@ -27,7 +27,7 @@ SECRET_KEY_REFUSED = (
     f'manage.py, e.g. `echo "SECRET_KEY=$({MAKE_SECRET_KEY})" >> .env` '
     "(scripts/serve.sh writes one into .env on its first run)."
 )
-# Raised here at start, and by idempotency/crypto.py should anything encrypt regardless.
+# Raised here at start, and by e2bfacade/crypto.py should anything encrypt regardless.
 ENCRYPTION_KEY_REFUSED = (
     "IDEMPOTENCY_ENCRYPTION_KEYS is not set and SECRET_KEY is not set (or is the built-in "
     "insecure value): refusing to derive the key that encrypts stored idempotency bodies from "

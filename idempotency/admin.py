@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from idempotency import crypto
+from e2bfacade import crypto
 from idempotency.maintenance import purge_expired
 from idempotency.models import IdempotencyRecord
 from idempotency.registry import find_operation

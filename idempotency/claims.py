@@ -38,11 +38,10 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
-from e2bfacade import observability
+from e2bfacade import crypto, observability
 from e2bfacade.errors import ApiError, ServiceUnavailable
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
-from idempotency import crypto
 from idempotency.fingerprint import CURRENT_VERSION
 from idempotency.leases import (
     ADVISORY_NAMESPACE,

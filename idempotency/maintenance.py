@@ -21,8 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade import observability
-from idempotency import crypto
+from e2bfacade import crypto, observability
 from idempotency.claims import claim_execute
 from idempotency.leases import advisory_try_lock, lease_expires_at, owner_is_alive
 from idempotency.models import IdempotencyRecord

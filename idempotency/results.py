@@ -17,8 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from rest_framework.renderers import JSONRenderer
 
+from e2bfacade import crypto
 from e2bfacade.errors import ApiError, error_body
-from idempotency import crypto
 from idempotency.models import IdempotencyRecord
 
 logger = logging.getLogger(__name__)

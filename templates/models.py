@@ -161,7 +161,7 @@ class TemplateBuild(models.Model):
     image_id = models.CharField(max_length=64, blank=True, default="")
     # The context (user, workdir, env) after its last step: where a build on it starts.
     context = models.JSONField(null=True, blank=True)
-    # ``fromImageRegistry`` credentials, encrypted (idempotency.crypto), until the build ends.
+    # ``fromImageRegistry`` credentials, encrypted (e2bfacade.crypto), until the build ends.
     registry_auth = models.BinaryField(null=True, blank=True)
     # The build worker holding the build, until when (a crashed worker's lease runs out
     # and the next one re-drives the build from the layer cache).

@@ -25,8 +25,8 @@ import pytest
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
+from e2bfacade import crypto
 from e2bfacade.startup import BUILTIN_SECRET_KEY
-from idempotency import crypto
 from tests.support.live_server import BIN, REPO, free_port
 
 REAL_SECRET_KEY = "k3Vq0s-only-for-this-test-5pZ8xTq2uF7wYc1rN4mB6dH9jL0aE3gK2oS5iU8"

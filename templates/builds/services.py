@@ -19,9 +19,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from e2bfacade import crypto
 from e2bfacade.errors import ApiError, AtCapacity, BadRequest
 from e2bfacade.models import Team
-from idempotency import crypto
 from templates.builds import names
 from templates.models import (
     DEFAULT_TAG,

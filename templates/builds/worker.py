@@ -24,9 +24,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from e2bfacade import crypto
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
-from idempotency import crypto
 from templates.builds import bases, files, tags
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan
 from templates.builds.services import append_log, finish_error

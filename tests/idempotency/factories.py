@@ -11,7 +11,7 @@ import factory
 from django.utils import timezone
 from factory.django import DjangoModelFactory
 
-from idempotency import crypto
+from e2bfacade import crypto
 from idempotency.models import IdempotencyRecord
 from tests.support.factories import TeamFactory
 

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 
-from idempotency import crypto
+from e2bfacade import crypto
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from tests.idempotency.conftest import PostFn

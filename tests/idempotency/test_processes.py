@@ -378,7 +378,7 @@ INSERT_EXPIRED = """
 import os
 from datetime import timedelta
 from django.utils import timezone
-from idempotency import crypto
+from e2bfacade import crypto
 from idempotency.models import IdempotencyRecord as R
 now = timezone.now()
 blob = crypto.encrypt(b'{"placeholder": true}')

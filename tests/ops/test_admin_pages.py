@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from e2bfacade import crypto
 from e2bfacade.models import ApiKey, Team
 from e2bfacade.runtime.local import LocalRuntime
-from idempotency import crypto
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from snapshots.models import Snapshot

@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from idempotency import crypto
+from e2bfacade import crypto
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from idempotency import crypto
+from e2bfacade import crypto
 from idempotency.models import IdempotencyRecord
 
 

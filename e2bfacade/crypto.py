@@ -1,4 +1,5 @@
-"""Encryption at rest for stored requests and responses (Fernet, with rotation).
+"""Encryption at rest (Fernet, with rotation): idempotency's stored requests and responses,
+a template build's registry credentials until the build ends.
 
 ``IDEMPOTENCY_ENCRYPTION_KEYS`` is a comma-separated list of Fernet keys, newest first:
 new data is encrypted with the first, and any listed key decrypts. To rotate, put a new key
