@@ -450,9 +450,15 @@ def _explain(ref: str, stderr: str, auth: RegistryAuth | None) -> str:
     """skopeo's failure in the user's words; nothing of the credentials in it."""
     said = stderr.lower()
     if "unauthorized" in said or "authentication required" in said or "denied" in said:
-        if auth is None:
+        if auth is not None:
+            return f"the registry refused the credentials given for {ref!r}"
+        if "authentication required" in said:
             return f"the registry requires credentials to pull {ref!r} (fromImageRegistry)"
-        return f"the registry refused the credentials given for {ref!r}"
+        # Docker Hub answers "denied" for a repository that does not exist, too.
+        return (
+            f"the registry refused to serve {ref!r}: it does not exist there, or it needs "
+            "credentials (fromImageRegistry)"
+        )
     if "manifest unknown" in said or "name unknown" in said or "not found" in said:
         return f"image {ref!r} was not found in the registry"
     if "server gave http response to https client" in said:
