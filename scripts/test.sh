@@ -12,6 +12,12 @@ bash scripts/setup.sh --tests  # --tests: also the browser test's chromium
 
 log() { printf '[test] %s\n' "$*" >&2; }
 
+# The Debian bases the template tests push to their loopback registry (tests/templates/):
+# made once per machine from Debian's mirror (about 2.5 min), taken from the cache after.
+env SECRET_KEY="setup-$RANDOM$RANDOM$RANDOM$RANDOM" \
+    .venv/bin/python manage.py seed_registry --build-only >/dev/null \
+    || log "the Debian bases could not be built (no way to Debian's mirror?): tests/templates skip"
+
 ensure_postgres() {
     if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
         return
@@ -111,7 +117,7 @@ else
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults tests/browser)
+    pg_3=(tests/faults tests/browser tests/templates)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_tests[@]}" || status=$?

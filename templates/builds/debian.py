@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from templates.builds.registry import (
     CLEAN_ENV,
+    PullFailed,
     RegistryAuth,
     architecture,
     authfile,
@@ -299,7 +300,10 @@ def push(layout: Path, registry: str, name: str, *, auth: RegistryAuth | None = 
         raise BaseBuildFailed(
             f"the registry must be http://host[:port] or https://…, got {registry!r}"
         )
-    host = registry_host(registry)
+    try:
+        host = registry_host(registry)
+    except PullFailed as exc:
+        raise BaseBuildFailed(exc.message) from None
     with authfile(host, auth) as auth_args:
         _run(
             [

@@ -239,7 +239,9 @@ def pull(
     with authfile(host, auth) as auth_args:
         if not auth_args:
             auth_args = ["--no-creds"]
-        digest, manifest = _resolve(source, tls=tls, auth_args=auth_args, ref=ref, auth=auth)
+        digest, manifest = _resolve(
+            source, tls=tls, auth_args=auth_args, ref=ref, auth=auth, scratch=cache_dir
+        )
         try:
             sizes = [int(layer["size"]) for layer in manifest["layers"]]
         except (KeyError, TypeError, ValueError):
@@ -271,7 +273,13 @@ INDEX_TYPES = (
 
 
 def _resolve(
-    source: str, *, tls: str, auth_args: list[str], ref: str, auth: RegistryAuth | None
+    source: str,
+    *,
+    tls: str,
+    auth_args: list[str],
+    ref: str,
+    auth: RegistryAuth | None,
+    scratch: Path,
 ) -> tuple[str, dict[str, Any]]:
     """The digest and manifest of ``source``'s image for this machine: an index (a
     multi-platform image) is followed to its linux/<arch> manifest."""
@@ -283,7 +291,8 @@ def _resolve(
             timeout=INSPECT_TIMEOUT,
             ref=ref,
             auth=auth,
-        ).encode()
+            scratch=scratch,
+        )
         try:
             manifest = json.loads(raw)
         except ValueError:
@@ -339,6 +348,7 @@ def _fetch(
             timeout=COPY_TIMEOUT,
             ref=ref,
             auth=auth,
+            scratch=tmp,
         )
         copied = time.monotonic()
         config = _image_config(layout)
@@ -427,14 +437,17 @@ def _pulled(image: ImageRef, entry: Path, *, cached: bool) -> Pulled:
     )
 
 
-def _skopeo(args: list[str], *, timeout: float, ref: str, auth: RegistryAuth | None) -> str:
+def _skopeo(
+    args: list[str], *, timeout: float, ref: str, auth: RegistryAuth | None, scratch: Path
+) -> bytes:
+    """Run skopeo with a clean environment, and a HOME and TMPDIR of its own in ``scratch``
+    (beside the cache: a copy's temporary blobs can be large, and /tmp may be memory)."""
     argv = ["skopeo", "--insecure-policy", f"--command-timeout={int(timeout)}s", *args]
-    with tempfile.TemporaryDirectory(prefix="e2bfacade-skopeo-") as home:
+    with tempfile.TemporaryDirectory(prefix=".skopeo-", dir=scratch) as home:
         try:
             done = subprocess.run(
                 argv,
                 capture_output=True,
-                text=True,
                 timeout=timeout + 10,
                 env={**CLEAN_ENV, "HOME": home, "TMPDIR": home},
                 stdin=subprocess.DEVNULL,
@@ -442,17 +455,23 @@ def _skopeo(args: list[str], *, timeout: float, ref: str, auth: RegistryAuth | N
         except subprocess.TimeoutExpired:
             raise PullFailed(f"pulling {ref!r} took over {timeout:.0f} s and was stopped") from None
     if done.returncode == 0:
-        return done.stdout
-    raise PullFailed(_explain(ref, done.stderr, auth))
+        return done.stdout  # bytes as the registry sent them: a manifest's digest is theirs
+    raise PullFailed(_explain(ref, done.stderr.decode(errors="replace"), auth))
 
 
 def _explain(ref: str, stderr: str, auth: RegistryAuth | None) -> str:
     """skopeo's failure in the user's words; nothing of the credentials in it."""
     said = stderr.lower()
     if "unauthorized" in said or "authentication required" in said or "denied" in said:
-        if auth is None:
+        if auth is not None:
+            return f"the registry refused the credentials given for {ref!r}"
+        if "authentication required" in said:
             return f"the registry requires credentials to pull {ref!r} (fromImageRegistry)"
-        return f"the registry refused the credentials given for {ref!r}"
+        # Docker Hub answers "denied" for a repository that does not exist, too.
+        return (
+            f"the registry refused to serve {ref!r}: it does not exist there, or it needs "
+            "credentials (fromImageRegistry)"
+        )
     if "manifest unknown" in said or "name unknown" in said or "not found" in said:
         return f"image {ref!r} was not found in the registry"
     if "server gave http response to https client" in said:
