@@ -44,7 +44,12 @@ NULLABLE_STRING = serializers.CharField(allow_null=True)
 
 # URL kwargs are snake_case (Python), E2B's path parameters camelCase: the schema shows the
 # wire names, as E2B's own OpenAPI does (``/sandboxes/{sandboxID}``).
-WIRE_PATH_PARAMETERS = {"sandbox_id": "sandboxID", "template_id": "templateID"}
+WIRE_PATH_PARAMETERS = {
+    "sandbox_id": "sandboxID",
+    "template_id": "templateID",
+    "build_id": "buildID",
+    "files_hash": "hash",
+}
 
 
 def wire_path_parameters(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -14,9 +14,24 @@ log() { printf '[test] %s\n' "$*" >&2; }
 
 # The Debian bases the template tests push to their loopback registry (tests/templates/):
 # made once per machine from Debian's mirror (about 2.5 min), taken from the cache after.
-env SECRET_KEY="setup-$RANDOM$RANDOM$RANDOM$RANDOM" \
-    .venv/bin/python manage.py seed_registry --build-only >/dev/null \
-    || log "the Debian bases could not be built (no way to Debian's mirror?): tests/templates skip"
+# Built beside the first parts of the suite; the template tests wait for them, and fail
+# (never skip) when they could not be built.
+build_bases() {
+    env SECRET_KEY="setup-$RANDOM$RANDOM$RANDOM$RANDOM" \
+        .venv/bin/python manage.py seed_registry --build-only >"$1.log" 2>&1
+    echo $? >"$1"
+}
+wait_bases() {
+    for _ in $(seq 1200); do
+        [[ -s "$1" ]] && break
+        sleep 0.5
+    done
+    if [[ "$(cat "$1" 2>/dev/null)" != 0 ]]; then
+        log "the Debian bases could not be built:"
+        cat "$1.log" >&2 || true
+    fi
+}
+export E2BFACADE_REQUIRE_TEMPLATE_BASES=1
 
 ensure_postgres() {
     if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
@@ -97,6 +112,8 @@ sqlite_url="sqlite:///$logs/e2bfacade-test.sqlite3"
 
 if (($#)); then
     # Arguments select tests: both databases, one after the other, in the foreground.
+    build_bases "$logs/bases.status"
+    wait_bases "$logs/bases.status"
     gates || failed+=("gates")
     log "pytest on PostgreSQL: $*"
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/e2bfacade .venv/bin/pytest "$@" \
@@ -117,14 +134,17 @@ else
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults tests/browser tests/templates)
+    pg_3=(tests/faults tests/browser)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_tests[@]}" || status=$?
         DATABASE_URL="$pg/e2bfacade_3" .venv/bin/pytest "${pg_3[@]}" \
             --ignore=tests/faults/test_postgres_restart.py || status=$?
+        wait_bases "$logs/bases.status"
+        DATABASE_URL="$pg/e2bfacade_3" .venv/bin/pytest tests/templates || status=$?
         return "$status"
     }
+    build_bases "$logs/bases.status" &
     declare -A part_pid=()
     run_part() {
         local name="$1"

@@ -163,7 +163,8 @@ class TagViewSet(viewsets.ViewSet):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
-        operation_id="getTemplateTags", responses={200: OpenApiTypes.OBJECT, **errors(404)}
+        operation_id="getTemplateTags",
+        responses={200: {"type": "array", "items": {"type": "object"}}, **errors(404)},
     )
     def listed(self, request: Request, template_id: str) -> Response:
         return Response(tags.listed(team=team_of(request), ref=template_id))
