@@ -424,6 +424,10 @@ LOGGING = {
 # Where uploaded COPY archives are kept, per team by the SDK's files hash.
 TEMPLATE_FILES_DIR = Path(env.str("TEMPLATE_FILES_DIR", default=str(SANDBOX_ROOT / "build-files")))
 TEMPLATE_FILE_MAX_MB = _positive_int("TEMPLATE_FILE_MAX_MB", 1024)
+# All of one team's archives together (an upload past it is refused with a 413).
+TEMPLATE_FILES_MAX_MB_PER_TEAM = _positive_int("TEMPLATE_FILES_MAX_MB_PER_TEAM", 10 * 1024)
+# Archives no build in progress needs are removed this long after their upload.
+TEMPLATE_FILES_KEEP_DAYS = _positive_int("TEMPLATE_FILES_KEEP_DAYS", 7)
 # How long an upload URL handed to the SDK stays valid (E2B: 30 minutes).
 TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 # The base of the upload URLs (what clients reach this API at); empty: the request's own.

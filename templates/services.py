@@ -13,6 +13,7 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates import code_interpreter
+from templates.builds import files as build_files
 from templates.models import LayerCacheEntry, Template, TemplateBuild, new_template_id
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,8 @@ def template_sweep_images() -> list[str]:
             if locked is None or locked.sandboxes.exclude(state="killed").exists():
                 continue
             locked.delete()
+    for files_hash in build_files.sweep():
+        logger.info("removed the unused build archive %s", files_hash)
     runtime = get_runtime()
     # An image is built before its template row is inserted (no transaction spans the
     # build): only an image older than the grace period can be an orphan.

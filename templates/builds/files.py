@@ -11,12 +11,14 @@ import os
 import re
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db import IntegrityError
+from django.db.models import Sum
 
 from e2bfacade.errors import ApiError, BadRequest
 from e2bfacade.models import Team
@@ -49,10 +51,14 @@ def path_of(team_id: int, files_hash: str) -> Path:
 
 
 def present(team: Team, files_hash: str) -> bool:
-    return (
-        BuildFile.objects.filter(team=team, files_hash=files_hash).exists()
-        and path_of(team.pk, files_hash).is_file()
+    """Whether the team has the archive; asking for it keeps it (the sweep counts from the
+    last upload or ask)."""
+    from django.utils import timezone
+
+    found = BuildFile.objects.filter(team=team, files_hash=files_hash).update(
+        created_at=timezone.now()
     )
+    return bool(found) and path_of(team.pk, files_hash).is_file()
 
 
 def _signature(team_id: int, files_hash: str, expires: int) -> str:
@@ -83,6 +89,20 @@ def store(team_id: int, files_hash: str, body: Readable, length: int | None) -> 
     by TEMPLATE_FILE_MAX_MB; a partial body leaves nothing."""
     limit = settings.TEMPLATE_FILE_MAX_MB << 20
     too_large = f"the archive exceeds the limit of {settings.TEMPLATE_FILE_MAX_MB} MiB"
+    kept = (
+        BuildFile.objects.filter(team_id=team_id)
+        .exclude(files_hash=files_hash)
+        .aggregate(total=Sum("size_bytes"))["total"]
+        or 0
+    )
+    room = (settings.TEMPLATE_FILES_MAX_MB_PER_TEAM << 20) - kept
+    if room < limit:
+        limit = max(room, 0)
+        too_large = (
+            f"the team's archives would exceed {settings.TEMPLATE_FILES_MAX_MB_PER_TEAM} MiB "
+            "(TEMPLATE_FILES_MAX_MB_PER_TEAM); unused ones are removed after "
+            f"{settings.TEMPLATE_FILES_KEEP_DAYS} days"
+        )
     if length is not None and length > limit:
         raise UploadTooLarge(too_large)
     target = path_of(team_id, files_hash)
@@ -112,3 +132,26 @@ def store(team_id: int, files_hash: str, body: Readable, length: int | None) -> 
     except IntegrityError:  # a concurrent upload of the same archive recorded it first
         pass
     return size
+
+
+def sweep(now: float | None = None) -> list[str]:
+    """Remove archives no build in progress needs and none uploaded or used within
+    TEMPLATE_FILES_KEEP_DAYS (a rebuild then uploads them again); returns their hashes."""
+    from django.utils import timezone
+
+    from templates.models import BuildStatus, TemplateBuild
+
+    cutoff = timezone.now() - timedelta(days=settings.TEMPLATE_FILES_KEEP_DAYS)
+    needed = set()
+    for spec in TemplateBuild.objects.filter(
+        status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
+    ).values_list("spec", flat=True):
+        for step in (spec or {}).get("steps", []):
+            if step.get("filesHash"):
+                needed.add(step["filesHash"])
+    removed = []
+    for row in BuildFile.objects.filter(created_at__lt=cutoff).exclude(files_hash__in=needed):
+        path_of(row.team_id, row.files_hash).unlink(missing_ok=True)
+        row.delete()
+        removed.append(row.files_hash)
+    return removed
