@@ -43,6 +43,9 @@ LAYER_AFTER_SECONDS = 2.0
 # Images deeper than this are not built on (the runtime passes each layer to a sandbox as a
 # descriptor, at most about 31): the cache is then not used below that point.
 MAX_DEPTH = 12
+# A template image deeper than this is flattened into one layer (each layer costs a
+# sandbox of it a descriptor, and snapshots and forks of it add theirs).
+SQUASH_DEPTH = 8
 READY_TIMEOUT = 600.0
 FINAL_DEFAULT_READY = "sleep 20"
 
@@ -197,9 +200,11 @@ class Execution:
         info = self.runtime.build_image(
             ImageBuild(image_id=image_id, parent=files, populate=_nothing, env=ctx.env, start=start)
         )
-        result = Layer(info.image_id, ctx)
-        report.remember(key, result)
-        return Result(info.image_id, ctx)
+        image_id = info.image_id
+        if depth(self.runtime, image_id) > SQUASH_DEPTH:
+            image_id = self.runtime.squash_image(image_id, f"ts-{key[:24]}").image_id
+        report.remember(key, Layer(image_id, ctx))
+        return Result(image_id, ctx)
 
     # ------------------------------------------------------------------------ the steps
     def _step(self, layer: Layer, prefix: str, label: str, step: dict[str, Any]) -> Context:

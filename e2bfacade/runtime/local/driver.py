@@ -163,6 +163,10 @@ class LocalRuntime:
             self.images.ensure_base()
         return self.images.build(spec)
 
+    def squash_image(self, image_id: str, new_id: str) -> ImageInfo:
+        check_id(new_id, "image id")
+        return self.images.squash(image_id, new_id, max_bytes=self.snapshot_max_bytes)
+
     def ensure_base_image(self) -> ImageInfo:
         return self.images.ensure_base()
 

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from e2bfacade.runtime.base import (
     ImageNotFound,
     StartCommand,
 )
+from e2bfacade.runtime.local.build import CLEAN_ENV
 from e2bfacade.runtime.local.state import Layout
 from e2bfacade.runtime.local.state import write_json as state_write_json
 from e2bfacade.runtime.local.storage import homes, layers, trees
@@ -161,6 +163,44 @@ class ImageStore:
                 _remove_quietly(tmp)
                 raise
         return self.info(image_id)
+
+    def squash(self, image_id: str, new_id: str, *, max_bytes: int) -> ImageInfo:
+        """Image ``new_id``: ``image_id``'s files flattened into one layer (the kernel's
+        merged view of its chain, mounted read-only, copied), with the chain's host binds,
+        environment and start command: a chain made shallow, so that layer upon layer of
+        builds never reaches the launcher's limit of descriptors per sandbox."""
+        chain = self.chain(image_id)
+        if len(chain) == 1:
+            return self.info(image_id)
+        lowers = [str(self.layout.image_dir(m["id"]) / "rootfs") for m in chain]
+
+        def make(tmp: Path) -> dict[str, Any]:
+            merged = tmp / "merged"
+            merged.mkdir()
+            subprocess.run(
+                [
+                    "mount", "-t", "overlay", "overlay", "-o",
+                    f"ro,lowerdir={':'.join(lowers)},userxattr,redirect_dir=nofollow",
+                    str(merged),
+                ],
+                check=True, capture_output=True, env=CLEAN_ENV,
+            )  # fmt: skip
+            try:
+                (tmp / "rootfs").rmdir()
+                trees.copy_layer(merged, tmp / "rootfs", max_bytes=max_bytes)
+            finally:
+                subprocess.run(["umount", str(merged)], check=True, env=CLEAN_ENV)
+                merged.rmdir()
+            binds: list[Any] = []
+            for meta in chain:
+                binds += [b for b in meta.get("host_binds") or [] if b not in binds]
+            out: dict[str, Any] = {"parent": None, "host_binds": binds, "env": env_of(chain)}
+            start = next((m["start"] for m in chain if m.get("start")), None)
+            if start:
+                out["start"] = start
+            return out
+
+        return self.publish(new_id, make)
 
     def remove(self, image_id: str) -> None:
         """Delete the image's files. Caller holds its lock and checked nothing uses it."""
