@@ -78,7 +78,7 @@ def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
     cpu, memory = check_shape(body.get("cpuCount"), body.get("memoryMB"))
     _check_fits(name.name, cpu, memory)
     with transaction.atomic():
-        template = _template_for(team, name.name)
+        template = _template_for(team, name.name, cpu, memory)
         active = TemplateBuild.objects.filter(
             team=team, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
         )
@@ -121,7 +121,7 @@ def _check_fits(name: str, cpu: int, memory: int) -> None:
     )
 
 
-def _template_for(team: Team, name: str) -> Template:
+def _template_for(team: Team, name: str, cpu: int, memory: int) -> Template:
     """The team's template of that name, locked; made (without an image) on first use. A
     public template's name, or another template's id, is not the team's to build."""
     if Template.objects.filter(Q(team__isnull=True, alias=name) | Q(template_id=name)).exists():
@@ -133,7 +133,10 @@ def _template_for(team: Team, name: str) -> Template:
         return template
     try:
         with transaction.atomic():
-            return Template.objects.create(team=team, alias=name, image_id="")
+            # The first build's shape until a build of its ``default`` tag sets it.
+            return Template.objects.create(
+                team=team, alias=name, image_id="", cpu_count=cpu, memory_mb=memory
+            )
     except IntegrityError:  # a concurrent request made it first
         return Template.objects.select_for_update().get(team=team, alias=name)
 
