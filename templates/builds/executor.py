@@ -137,15 +137,16 @@ class Execution:
         for n, step in enumerate(spec["steps"], 1):
             h = S.step_hash(h, step)
             todo.append((h, str(n), step))
-        # The longest cached prefix, up to the first forced step.
+        # The longest cached prefix, up to the first forced step: the last step with a
+        # layer (a key chains every step before it, so its layer holds theirs; fast steps
+        # have none of their own).
         start = 0
         for i, (key, _, step) in enumerate(todo):
             if force or step.get("force"):
                 break
             hit = report.cached(key)
-            if hit is None or depth(self.runtime, hit.image_id) > MAX_DEPTH:
-                break
-            layer, start = hit, i + 1
+            if hit is not None and depth(self.runtime, hit.image_id) <= MAX_DEPTH:
+                layer, start = hit, i + 1
         total = len(spec["steps"])
         for i, (key, label, step) in enumerate(todo):
             prefix = "[base]" if label == "base" else f"[builder {label}/{total}]"

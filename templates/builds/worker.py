@@ -36,7 +36,7 @@ from templates.models import BuildStatus, LayerCacheEntry, TemplateBuild
 logger = logging.getLogger("e2bfacade.builds")
 MAX_ATTEMPTS = 3
 BUILD_DISK_MB = 4096
-IDLE_SECONDS = 0.2
+IDLE_SECONDS = 0.1
 LOG_BATCH = 64
 LOG_SECONDS = 0.2
 
