@@ -84,16 +84,24 @@ class Lease:
             renewed = time.monotonic()
             try:
                 while not self.done.wait(LOG_SECONDS):
-                    flush()  # type: ignore[operator]
-                    if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
-                        continue
-                    renewed = time.monotonic()
-                    if not self.renew():
-                        # Canceled: end its sandbox so the step ends now. Taken over: the
-                        # sandbox (its id is the build's) is the new holder's to kill.
-                        if not self.taken_over():
-                            kill()  # type: ignore[operator]
-                        return
+                    try:
+                        flush()  # type: ignore[operator]
+                        if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
+                            continue
+                        renewed = time.monotonic()
+                        if not self.renew():
+                            # Canceled: end its sandbox so the step ends now. Taken over:
+                            # the sandbox (its id is the build's) is the new holder's.
+                            if not self.taken_over():
+                                kill()  # type: ignore[operator]
+                            return
+                    except DatabaseError:
+                        # The database is away (a restart): try again on the next round, on
+                        # a new connection. A keeper that ended here would let the lease run
+                        # out under a build that is still running.
+                        logger.warning("renewing the lease of build %s failed", self.build.pk)
+                        connection.close()
+                        renewed = 0.0  # due again on the next round
             finally:
                 connection.close()  # this thread's own
 

@@ -4,6 +4,7 @@ alone; a build that was canceled is still ended, and its sandbox killed, at once
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -61,3 +62,32 @@ def test_a_canceled_build_has_its_sandbox_killed_by_its_worker(settings: object)
     build = held_build("stalled")
     TemplateBuild.objects.filter(pk=build.pk).update(status=BuildStatus.ERROR, lease_owner="")
     assert lease_lost_kills(build, settings) == 1
+
+
+def test_the_lease_keeper_outlives_a_database_error(
+    settings: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    build = held_build("stalled")
+    settings.TEMPLATE_BUILD_LEASE_SECONDS = 1  # type: ignore[attr-defined]
+    lease = Lease(build, "stalled")
+    real_renew, calls = lease.renew, []
+
+    def renew() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_renew()
+
+    monkeypatch.setattr(lease, "renew", renew)
+    keeper = lease.keep(lambda: None, lambda: None)
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = keeper.is_alive()
+    lease.done.set()
+    keeper.join(timeout=5)
+    assert len(calls) >= 3 and alive, calls
+    build.refresh_from_db()
+    assert build.lease_owner == "stalled" and not lease.lost.is_set()
