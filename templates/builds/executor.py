@@ -138,15 +138,17 @@ class Execution:
             h = S.step_hash(h, step)
             todo.append((h, str(n), step))
         # The longest cached prefix, up to the first forced step: the last step with a
-        # layer (a key chains every step before it, so its layer holds theirs; fast steps
-        # have none of their own).
+        # layer. Keys chain, so a hit at step i means steps 1..i are those of a past build;
+        # only slow steps and the last one keep a layer, so the steps before it need none.
         start = 0
-        for i, (key, _, step) in enumerate(todo):
-            if force or step.get("force"):
-                break
-            hit = report.cached(key)
+        usable = next(
+            (i for i, (_, _, step) in enumerate(todo) if force or step.get("force")), len(todo)
+        )
+        for i in reversed(range(usable)):
+            hit = report.cached(todo[i][0])
             if hit is not None and depth(self.runtime, hit.image_id) <= MAX_DEPTH:
                 layer, start = hit, i + 1
+                break
         total = len(spec["steps"])
         for i, (key, label, step) in enumerate(todo):
             prefix = "[base]" if label == "base" else f"[builder {label}/{total}]"

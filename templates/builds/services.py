@@ -236,12 +236,17 @@ def build_trigger(
     return build
 
 
-def finish_error(build: TemplateBuild, message: str, *, step: str | None) -> bool:
-    """End a build ``error`` with ``message`` (at ``step``), unless it already ended; the
+def finish_error(
+    build: TemplateBuild, message: str, *, step: str | None, owner: str | None = None
+) -> bool:
+    """End a build ``error`` with ``message`` (at ``step``), unless it already ended (or,
+    with ``owner``, a build worker's, unless another worker holds its lease now: a worker
+    that stalled past its lease must not end the build its successor is running); the
     last log entry says so. Returns whether this call ended it."""
     now = timezone.now()
+    fence = Q(lease_owner=owner) if owner is not None else Q()
     updated = TemplateBuild.objects.filter(
-        pk=build.pk, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
+        fence, pk=build.pk, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
     ).update(
         status=BuildStatus.ERROR,
         reason={"message": message, **({"step": step} if step else {})},

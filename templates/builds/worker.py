@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from e2bfacade import crypto
@@ -70,19 +70,38 @@ class Lease:
             self.lost.set()
         return ok
 
+    def taken_over(self) -> bool:
+        """Whether another worker holds the build now (it runs in a sandbox of the same
+        id, which this worker must leave alone)."""
+        return (
+            TemplateBuild.objects.filter(pk=self.build.pk, status=BuildStatus.BUILDING)
+            .exclude(lease_owner=self.owner)
+            .exists()
+        )
+
     def keep(self, kill: object, flush: object) -> threading.Thread:
         def run() -> None:
             renewed = time.monotonic()
             try:
                 while not self.done.wait(LOG_SECONDS):
-                    flush()  # type: ignore[operator]
-                    if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
-                        continue
-                    renewed = time.monotonic()
-                    if not self.renew():
-                        # Canceled or taken over: end its sandbox so the step ends now.
-                        kill()  # type: ignore[operator]
-                        return
+                    try:
+                        flush()  # type: ignore[operator]
+                        if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
+                            continue
+                        renewed = time.monotonic()
+                        if not self.renew():
+                            # Canceled: end its sandbox so the step ends now. Taken over:
+                            # the sandbox (its id is the build's) is the new holder's.
+                            if not self.taken_over():
+                                kill()  # type: ignore[operator]
+                            return
+                    except DatabaseError:
+                        # The database is away (a restart): try again on the next round, on
+                        # a new connection. A keeper that ended here would let the lease run
+                        # out under a build that is still running.
+                        logger.warning("renewing the lease of build %s failed", self.build.pk)
+                        connection.close()
+                        renewed = 0.0  # due again on the next round
             finally:
                 connection.close()  # this thread's own
 
@@ -183,6 +202,7 @@ def run(build: TemplateBuild, owner: str) -> None:
             f"the build was interrupted {MAX_ATTEMPTS} times (its build worker ended "
             "mid-build); start it again",
             step=None,
+            owner=owner,
         )
         return
     lease = Lease(build, owner)
@@ -229,17 +249,24 @@ def run(build: TemplateBuild, owner: str) -> None:
         if lease.lost.is_set():
             logger.info("build %s was canceled mid-step", build.pk)
         else:
-            finish_error(build, exc.message, step=where or None)
+            finish_error(build, exc.message, step=where or None, owner=owner)
     except Exception as exc:
         logger.exception("build %s failed", build.pk)
         report.flush()
-        finish_error(build, f"internal error: {exc}", step=None)
+        finish_error(build, f"internal error: {exc}", step=None, owner=owner)
     finally:
         lease.done.set()
         keeper.join(timeout=5)
         report.flush()
-        if execution is not None:
+        if execution is not None and not _taken_over(lease):
             execution.close()
+
+
+def _taken_over(lease: Lease) -> bool:
+    try:
+        return lease.taken_over()
+    except DatabaseError:
+        return False  # unknown: end the sandbox, as a run that ends here always did
 
 
 def _base(build: TemplateBuild, spec: dict[str, object]) -> Base:
@@ -299,7 +326,12 @@ def loop(stop: threading.Event) -> None:
         if build is None:
             stop.wait(IDLE_SECONDS)
             continue
-        run(build, owner)
+        try:
+            run(build, owner)
+        except Exception:
+            # Its finish could not be written (the database went away): the lease runs
+            # out and a worker re-drives it; this thread goes on claiming.
+            logger.exception("build %s ended without its outcome recorded", build.pk)
 
 
 def start_threads(stop: threading.Event) -> list[threading.Thread]:
