@@ -134,15 +134,16 @@ class Execution:
         for n, step in enumerate(spec["steps"], 1):
             h = S.step_hash(h, step)
             todo.append((h, str(n), step))
-        # The longest cached prefix, up to the first forced step.
+        # The longest cached prefix, up to the first forced step. Only slow steps and the
+        # last one have a layer, so a miss is skipped, not the end of the search: the hash
+        # chain makes a hit at step i a hit for everything before it.
         start = 0
         for i, (key, _, step) in enumerate(todo):
             if force or step.get("force"):
                 break
             hit = report.cached(key)
-            if hit is None or depth(self.runtime, hit.image_id) > MAX_DEPTH:
-                break
-            layer, start = hit, i + 1
+            if hit is not None and depth(self.runtime, hit.image_id) <= MAX_DEPTH:
+                layer, start = hit, i + 1
         total = len(spec["steps"])
         for i, (key, label, step) in enumerate(todo):
             prefix = "[base]" if label == "base" else f"[builder {label}/{total}]"
