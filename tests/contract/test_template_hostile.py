@@ -313,6 +313,11 @@ def test_a_run_that_never_ends_is_bounded_by_the_step_timeout(
     spec = base_spec(run_step("echo begin; sleep 600"))
     began = time.monotonic()
     assert trigger(raw, made["templateID"], made["buildID"], spec).is_success
+    running: set[str] = set()
+    while not running and time.monotonic() - began < STEP_TIMEOUT:
+        running = {i for i in server_runtime_ids(server) if i.startswith("b-")}
+        time.sleep(0.2)
+    assert running, "the build sandbox was never seen running"
     info, log = wait_build(raw, made["templateID"], made["buildID"], timeout=90)
     took = time.monotonic() - began
     assert info["status"] == "error", info
@@ -320,7 +325,7 @@ def test_a_run_that_never_ends_is_bounded_by_the_step_timeout(
     assert info["reason"]["message"].startswith("failed to run command 'echo begin; sleep 600'")
     assert STEP_TIMEOUT <= took < STEP_TIMEOUT + 30, took
     # Its sandbox is gone with it.
-    assert not any(i.startswith("b-") for i in server_runtime_ids(server))
+    assert not running & server_runtime_ids(server)
 
 
 def server_runtime_ids(server: LiveServer) -> set[str]:

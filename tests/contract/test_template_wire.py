@@ -281,3 +281,14 @@ def test_tag_routes_of_another_team_are_closed(
     drop = other_http.request("DELETE", "/templates/tags", json={"name": alias, "tags": ["v1"]})
     assert drop.status_code in (403, 404), drop.text
     assert "v1" in {t["tag"] for t in raw.get(f"/templates/{tid}/tags").json()}
+
+
+def test_another_team_cannot_start_a_sandbox_of_a_tagged_build(
+    raw: httpx.Client, other_http: httpx.Client, ready: dict[str, Any]
+) -> None:
+    alias = ready_alias(raw, ready["templateID"])
+    for ref in (f"{alias}:v1", alias, ready["templateID"]):
+        r = other_http.post("/sandboxes", json={"templateID": ref, "timeout": 30})
+        if r.status_code == 201:
+            other_http.delete(f"/sandboxes/{r.json()['sandboxID']}")
+        assert r.status_code == 404, (ref, r.status_code, r.text)
