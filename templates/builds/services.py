@@ -260,9 +260,9 @@ def finish_error(
     return bool(updated)
 
 
-def append_log(build: TemplateBuild, *lines: str, level: str = "info", step: str = "") -> None:
+def append_log(build: TemplateBuild, *lines: str, level: str = "info", step: str = "") -> bool:
     """Append entries to the build's log, numbered on; past TEMPLATE_BUILD_LOG_ENTRIES one
-    last entry says the rest was dropped."""
+    last entry says the rest was dropped. Returns whether the log still has room."""
     cap = settings.TEMPLATE_BUILD_LOG_ENTRIES
     with transaction.atomic():
         last = (
@@ -287,6 +287,7 @@ def append_log(build: TemplateBuild, *lines: str, level: str = "info", step: str
                 )
             )
         BuildLogEntry.objects.bulk_create(rows)
+    return seq < cap
 
 
 def log_entries(build: TemplateBuild, *, offset: int, limit: int, level: str | None) -> list[Any]:

@@ -120,6 +120,9 @@ class Reporter:
         self.pending: list[tuple[str, str, str]] = []
         self.flushed = time.monotonic()
         self.lock = threading.Lock()
+        # Set once the log is full: what follows is dropped here, with no transaction per
+        # batch (100k lines past the cap cost about 1 500 of them).
+        self.full = False
 
     def log(self, message: str, *, level: str = "info", step: str = "") -> None:
         with self.lock:
@@ -135,12 +138,16 @@ class Reporter:
             key: tuple[str, str] | None = None
             for message, level, step in pending:
                 if key is not None and key != (level, step):
-                    append_log(self.build, *run, level=key[0], step=key[1])
+                    self._append(run, *key)
                     run = []
                 key = (level, step)
                 run.append(message)
             if key is not None:
-                append_log(self.build, *run, level=key[0], step=key[1])
+                self._append(run, *key)
+
+    def _append(self, lines: list[str], level: str, step: str) -> None:
+        if not self.full:
+            self.full = not append_log(self.build, *lines, level=level, step=step)
 
     def alive(self) -> None:
         self.flush()
