@@ -1,16 +1,11 @@
 """E2B's own CLI (``@e2b/cli``, pinned in js/package.json and js/package-lock.json) against
 the live server: ``e2b template list`` and ``e2b template delete`` on a template the JS SDK
-built, and ``e2b template create`` of a directory with an ``e2b.Dockerfile``.
+built (``e2b template create`` is tests/templates/test_cli_create.py: it needs a registry).
 
 The CLI finds the API as the JS SDK does (``E2B_API_URL``, ``E2B_API_KEY``; with no key it
 reads ``~/.e2b/config.json`` from ``e2b auth login``, so HOME is an empty directory here)
 and checks npm for a newer version unless ``NO_UPDATE_NOTIFIER`` is set (nothing may leave
-this machine in a test).
-
-``e2b template create`` parses the Dockerfile client-side into ``fromImage`` plus steps: a
-Dockerfile cannot name a template as its base, so the build always pulls an image. Those
-tests need a registry on loopback that the server pulls from (``TEMPLATE_REGISTRY_MIRROR``),
-the ``registry_mirror`` fixture."""
+this machine in a test)."""
 
 from __future__ import annotations
 
@@ -19,32 +14,16 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.live_server import LiveServer, ServerError, live_server, suite_database_url
+from tests.support.live_server import LiveServer
 from tests.support.node_support import npm_ci, require_node
 
 JS_DIR = Path(__file__).resolve().parent / "js"
 CLI = JS_DIR / "node_modules" / "@e2b" / "cli" / "dist" / "index.js"
-DOCKERFILE = """\
-FROM e2bdev/base
-ENV GREETING="hello from the cli"
-COPY hello.txt /home/user/hello.txt
-RUN cat /home/user/hello.txt > /home/user/copy.txt
-WORKDIR /home/user
-"""
-
-
-@pytest.fixture(scope="module")
-def registry_mirror() -> str:
-    """The URL of a registry on loopback serving ``e2bdev/base`` (a server's
-    TEMPLATE_REGISTRY_MIRROR). Not yet available here: tests/support/registry.py, which
-    starts one, is not in this tree."""
-    pytest.skip("needs the loopback registry (tests/support/registry.py)")
 
 
 def cli(server: LiveServer, *args: str, cwd: Path, timeout: float = 240) -> str:
@@ -105,57 +84,3 @@ def test_cli_lists_templates_and_deletes_one(sdk_env: LiveServer, tmp_path: Path
     assert gone.status_code == 404, gone.text
     listed = json.loads(cli(live_server_e2b, "template", "list", "-f", "json", cwd=tmp_path))
     assert template_id not in {t["templateID"] for t in listed}
-
-
-@pytest.fixture(scope="module")
-def mirrored_server(registry_mirror: str) -> Iterator[LiveServer]:
-    """A live server whose builds pull their images from ``registry_mirror``."""
-    try:
-        with live_server(
-            suite_database_url(), extra_env={"TEMPLATE_REGISTRY_MIRROR": registry_mirror}
-        ) as server:
-            yield server
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
-def test_cli_template_create_builds_a_dockerfile_and_a_sandbox_starts_from_it(
-    mirrored_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from e2b import Sandbox
-
-    for var, value in (
-        ("E2B_API_URL", mirrored_server.url),
-        ("E2B_SANDBOX_URL", mirrored_server.sandbox_url),
-        ("E2B_API_KEY", mirrored_server.api_key),
-    ):
-        monkeypatch.setenv(var, value)
-
-    (tmp_path / "e2b.Dockerfile").write_text(DOCKERFILE)
-    (tmp_path / "hello.txt").write_text("hello\n")
-    name = f"cli-create-{uuid.uuid4().hex[:8]}"
-    out = cli(
-        mirrored_server,
-        "template",
-        "create",
-        name,
-        "-p",
-        str(tmp_path),
-        "--cpu-count",
-        "1",
-        "--memory-mb",
-        "1024",
-        "-c",
-        "echo started > /tmp/started && sleep 600",
-        "--ready-cmd",
-        "test -f /tmp/started",
-        cwd=tmp_path,
-    )
-    assert "finished" in out, out
-    sandbox = Sandbox.create(name, timeout=120)
-    try:
-        assert sandbox.files.read("/home/user/copy.txt") == "hello\n"
-        assert sandbox.commands.run('echo "$GREETING"').stdout == "hello from the cli\n"
-        assert sandbox.commands.run("cat /tmp/started").stdout == "started\n"
-    finally:
-        sandbox.kill()
