@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -320,6 +321,7 @@ class Execution:
             timeout=self.step_timeout,
             tag="build",
         )
+        began = time.monotonic()
         try:
             proc = guest.start_process(spec)
         except UnknownUser:
@@ -335,6 +337,11 @@ class Execution:
             status = proc.wait()
         finally:
             proc.close()
+        if status.signal == signal.SIGKILL and time.monotonic() - began >= self.step_timeout:
+            raise StepFailed(
+                f"failed to run command '{cmd}': it ran for longer than the step limit of "
+                f"{self.step_timeout:g} s (TEMPLATE_STEP_TIMEOUT_SECONDS) and was stopped"
+            )
         if status.exit_code != 0:
             raise StepFailed(f"failed to run command '{cmd}': exit status {status.exit_code}")
 

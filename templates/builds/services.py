@@ -12,6 +12,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,9 @@ from templates.models import (
 )
 
 SUPERSEDED = "The build was canceled because it was superseded by a newer one."
+# A build's files are uploaded between its request and its trigger: an hour is plenty.
+WAITING_SECONDS = 3600
+NEVER_STARTED = f"The build was never started (no trigger within {WAITING_SECONDS} s)."
 CANCELED = "The build was canceled because a newer build of the template started."
 STEP_TYPES = ("RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER")
 MAX_STEPS = 512
@@ -77,6 +81,7 @@ def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
     tags = names.tags(body.get("tags") or [], first=name.tag) or [DEFAULT_TAG]
     cpu, memory = check_shape(body.get("cpuCount"), body.get("memoryMB"))
     _check_fits(name.name, cpu, memory)
+    _expire_waiting(team)
     with transaction.atomic():
         template = _template_for(team, name.name, cpu, memory)
         active = TemplateBuild.objects.filter(
@@ -105,6 +110,17 @@ def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
             tags=tags,
         )
     return Requested(template, build, tags)
+
+
+def _expire_waiting(team: Team) -> None:
+    """End the team's builds requested but never triggered within WAITING_SECONDS (a
+    client that died between its request and its trigger): they would count against the
+    team's limit for ever."""
+    cutoff = timezone.now() - timedelta(seconds=WAITING_SECONDS)
+    for build in TemplateBuild.objects.filter(
+        team=team, status=BuildStatus.WAITING, created_at__lt=cutoff
+    ):
+        finish_error(build, NEVER_STARTED, step=None)
 
 
 def _check_fits(name: str, cpu: int, memory: int) -> None:
