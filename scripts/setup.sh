@@ -46,6 +46,9 @@ fi
 # `python` in the base template, as E2B's base template has it.
 [[ -x /usr/bin/python3 ]] || packages+=(python3)
 packages+=(python-is-python3)
+# r-base-core + r-cran-irkernel: the template's R kernel, likewise the host's (Debian's R and
+# its Jupyter kernel; no compilers, no CRAN). ~65 MB installed, 30 packages, 16 s measured.
+packages+=(r-base-core r-cran-irkernel)
 if ! command -v python3 >/dev/null; then
     packages+=(python3 python3-venv)
 elif [[ ! -x .venv/bin/python ]]; then
