@@ -52,7 +52,7 @@ PORT = 49999
 GUEST_UID = 1000
 # The host's python3 is the guest's: base shows the host's /usr.
 HOST_PYTHON = "/usr/bin/python3"
-# R and IRkernel likewise (Debian's r-base-core and r-cran-irkernel); R_CONFIG is where
+# R and IRkernel likewise (Debian's r-base and r-cran-irkernel); R_CONFIG is where
 # Debian's R keeps what R_HOME/etc links to.
 HOST_R = "/usr/bin/R"
 HOST_IRKERNEL = "/usr/lib/R/site-library/IRkernel"
@@ -110,9 +110,7 @@ def build(runtime: Runtime, *, log: object = None) -> Built:
         # The guest sees the host's /usr only: a node elsewhere would not be in it.
         raise BuildFailed("node and npm under /usr are needed (Debian: apt install nodejs npm)")
     if not (Path(HOST_R).exists() and Path(HOST_IRKERNEL).is_dir() and R_CONFIG.is_dir()):
-        raise BuildFailed(
-            "R and IRkernel are needed (Debian: apt install r-base-core r-cran-irkernel)"
-        )
+        raise BuildFailed("R and IRkernel are needed (Debian: apt install r-base r-cran-irkernel)")
     started = time.monotonic()
     info = runtime.build_image(
         ImageBuild(

@@ -27,13 +27,15 @@ def test_r_cells_print_keep_state_and_show_their_values(sbx: Sandbox) -> None:
     [plot] = sbx.run_code("plot(1:3, main = 'rises')", language="r").results
     assert base64.b64decode(plot.png)[:8] == b"\x89PNG\r\n\x1a\n"
     assert sbx.run_code("warning('careful')", language="r").logs.stderr[0].startswith("Warning")
+    # R's recommended packages are there, as in E2B's template (Debian's r-base).
+    assert sbx.run_code("library(MASS); nrow(Boston)", language="r").results[0].text == "[1] 506"
     failed = sbx.run_code('f <- function() stop("boom")\nf()', language="r")
     assert failed.error is not None and failed.error.name == "ERROR"
     assert failed.error.value == "Error in f(): boom\n" and "1. f()" in failed.error.traceback
     assert failed.results == []
     # The kernel, and its state, are still there; R's kernel is a context of its own.
     after = sbx.run_code("x", language="r")
-    assert after.results[0].text == "[1] 41" and after.execution_count == 9
+    assert after.results[0].text == "[1] 41" and after.execution_count == 10
     assert "r" in {c.language for c in sbx.list_code_contexts()}
     assert sbx.run_code("x").error.name == "NameError"  # not Python's
 
