@@ -51,6 +51,11 @@ fi
 # `python` in the base template, as E2B's base template has it.
 [[ -x /usr/bin/python3 ]] || packages+=(python3)
 packages+=(python-is-python3)
+# r-base + r-cran-irkernel: the code-interpreter-v1 template's R kernel, the host's likewise:
+# Debian's R with its recommended packages (MASS, Matrix, lattice, survival...), as E2B's
+# template has r-base, and IRkernel, from Debian rather than CRAN. 47 packages, 92 MB
+# installed, 40 s measured (on a host with python3 and gcc already).
+packages+=(r-base r-cran-irkernel)
 if ! command -v python3 >/dev/null; then
     packages+=(python3 python3-venv)
 elif [[ ! -x .venv/bin/python ]]; then

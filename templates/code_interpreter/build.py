@@ -10,6 +10,9 @@ Its image is a layer over ``base`` (so the guest's ``/usr`` is the host's Debian
   ``guest/e2b_kernels.py``, the kernels it drives), the template's start command, run as
   ``user``; a create returns once it listens on port 49999; and the JavaScript/TypeScript
   kernel (``guest/e2b_js_kernel.mjs``) it runs on the guest's Node.js;
+* ``venv/share/jupyter/kernels/``: the bash kernel's spec, and the R kernel's, which runs
+  the guest's (the host's) R with Debian's IRkernel; ``/etc/R``, R's configuration, is the
+  host's, copied, since the guest's ``/etc`` is its own;
 * ``node/``: the TypeScript compiler that kernel loads (``package-lock.json``, npm);
 * ``ipython/``: the kernels' IPython profile (``guest/``): plain tracebacks, the extra
   result formats, the data stack loaded before the first cell;
@@ -49,6 +52,11 @@ PORT = 49999
 GUEST_UID = 1000
 # The host's python3 is the guest's: base shows the host's /usr.
 HOST_PYTHON = "/usr/bin/python3"
+# R and IRkernel likewise (Debian's r-base and r-cran-irkernel); R_CONFIG is where
+# Debian's R keeps what R_HOME/etc links to.
+HOST_R = "/usr/bin/R"
+HOST_IRKERNEL = "/usr/lib/R/site-library/IRkernel"
+R_CONFIG = Path("/etc/R")
 ENV = {
     "PATH": f"{GUEST_HOME}/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "VIRTUAL_ENV": f"{GUEST_HOME}/venv",
@@ -80,6 +88,10 @@ def image_id() -> str:
     for path in sorted(GUEST_FILES.iterdir()):
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    # The image holds a copy of R's configuration: an R upgrade that changes it builds anew.
+    for path in sorted(R_CONFIG.glob("*")) if R_CONFIG.is_dir() else ():
+        if path.is_file():
+            digest.update(b"R/" + path.name.encode() + b"\0" + path.read_bytes())
     return f"code-interpreter-{digest.hexdigest()[:12]}"
 
 
@@ -97,6 +109,8 @@ def build(runtime: Runtime, *, log: object = None) -> Built:
     if node is None or npm is None or not Path(node).resolve().is_relative_to("/usr"):
         # The guest sees the host's /usr only: a node elsewhere would not be in it.
         raise BuildFailed("node and npm under /usr are needed (Debian: apt install nodejs npm)")
+    if not (Path(HOST_R).exists() and Path(HOST_IRKERNEL).is_dir() and R_CONFIG.is_dir()):
+        raise BuildFailed("R and IRkernel are needed (Debian: apt install r-base r-cran-irkernel)")
     started = time.monotonic()
     info = runtime.build_image(
         ImageBuild(
@@ -156,6 +170,17 @@ def _populate(rootfs: Path) -> None:
         "language": "bash",
     }
     (kernels / "bash/kernel.json").write_text(json.dumps(spec))
+    # Debian's r-cran-irkernel ships this spec as /usr/share/jupyter/kernels/ir, with a bare
+    # "R" found on PATH; the template's own names R by its path and "r" as E2B does.
+    (kernels / "r").mkdir()
+    spec = {
+        "argv": [HOST_R, "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"],
+        "display_name": "R",
+        "language": "R",
+    }
+    (kernels / "r/kernel.json").write_text(json.dumps(spec))
+    # R_HOME/etc (Renviron, ldpaths: the library paths R starts with) links to /etc/R.
+    shutil.copytree(R_CONFIG, rootfs / "etc/R", symlinks=True)
     # Login shells (commands.run) reset PATH in /etc/profile, which then reads profile.d.
     (rootfs / "etc/profile.d").mkdir(parents=True)
     (rootfs / "etc/profile.d/e2b-code-interpreter.sh").write_text(

@@ -146,9 +146,9 @@ def test_languages_the_template_has_and_an_error_for_the_others(sbx: Sandbox) ->
     # IPython runs "!" commands on a terminal: its line ends are \r\n, as on E2B.
     assert sbx.run_code("!echo from the shell").logs.stdout == ["from the shell\r\n"]
     with pytest.raises(SandboxException, match="not available in this template"):
-        sbx.run_code('print("hi")', language="r")
+        sbx.run_code('System.out.println("hi")', language="java")
     with pytest.raises(SandboxException, match="not available in this template"):
-        sbx.create_code_context(language="java")
+        sbx.create_code_context(language="deno")
 
 
 def test_javascript_and_typescript_cells(sbx: Sandbox) -> None:

@@ -1,5 +1,5 @@
 """The kernels behind the Code Interpreter's execution service (e2b_execution_server.py,
-beside this file): a context is one kernel, a Jupyter one (Python, bash) through
+beside this file): a context is one kernel, a Jupyter one (Python, R, bash) through
 jupyter_client or a Node.js one (JavaScript, TypeScript: e2b_js_kernel.mjs), running one
 execution at a time; :class:`Contexts` holds them, and a default one per language.
 
@@ -42,20 +42,21 @@ LANGUAGE_ALIASES = {
     "bash": "bash",
     "sh": "bash",
     "shell": "bash",
+    "r": "r",
     "javascript": "javascript",
     "js": "javascript",
     "typescript": "typescript",
     "ts": "typescript",
 }
 # The kernelspec of each language this template has (see its build).
-KERNELS = {"python": "python3", "bash": "bash"}
+KERNELS = {"python": "python3", "r": "r", "bash": "bash"}
 # JavaScript and TypeScript: e2b_js_kernel.mjs, beside this file, on the guest's Node.js.
 NODE = os.environ.get("E2B_NODE", "node")
 JS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2b_js_kernel.mjs")
 # Languages E2B's own template serves that this one does not: asked for by name, they get
 # an explicit error instead of a Python kernel.
-UNSUPPORTED = {"r", "java", "deno"}
-AVAILABLE = "python, javascript, typescript and bash are"
+UNSUPPORTED = {"java", "deno"}
+AVAILABLE = "python, javascript, typescript, r and bash are"
 MIME_KEYS = {
     "text/plain": "text",
     "text/html": "html",
@@ -113,11 +114,26 @@ def env_code(language: str, values: dict[str, str | None]) -> str:
             "    else: __e2b_os.environ[__e2b_k] = __e2b_v\n"
             "del __e2b_os, __e2b_k, __e2b_v\n"
         )
+    if language == "r":
+        calls = [
+            f"Sys.unsetenv({_r_string(k)})"
+            if v is None
+            else f"Sys.setenv({_r_string(k)} = {_r_string(v)})"
+            for k, v in values.items()
+        ]
+        return f"invisible(c({', '.join(calls)}))\n"
     lines = [
         f"unset {shlex.quote(k)}" if v is None else f"export {shlex.quote(k)}={shlex.quote(v)}"
         for k, v in values.items()
     ]
     return "\n".join(lines) or ":"
+
+
+def _r_string(text: str) -> str:
+    r"""``text`` as an R string literal. JSON's escapes (\", \\, \n, \t, \uXXXX for the other
+    control characters) mean the same in R; every other character is written as itself,
+    since R reads no surrogate pairs (``\ud83d\ude00``)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def result_item(content: dict[str, Any], main: bool) -> dict[str, Any]:
