@@ -14,9 +14,7 @@ from templates.builds import services
 from templates.models import BuildStatus, TemplateBuild
 
 
-def test_a_build_never_triggered_ends_and_frees_the_teams_limit(
-    team: Team, settings: Any
-) -> None:
+def test_a_build_never_triggered_ends_and_frees_the_teams_limit(team: Team, settings: Any) -> None:
     settings.TEMPLATE_BUILDS_PER_TEAM = 2
     stale = [services.build_request(team=team, body={"name": f"t{n}"}).build for n in range(2)]
     TemplateBuild.objects.filter(pk__in=[b.pk for b in stale]).update(
