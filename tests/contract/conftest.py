@@ -152,3 +152,12 @@ def make_sandbox(sdk_env: LiveServer, kill_later: Callable[[str], str]) -> Calla
 def sandbox(make_sandbox: Callable[..., Sandbox]) -> Sandbox:
     """One running sandbox from the ``base`` template, killed at teardown."""
     return make_sandbox()
+
+
+@pytest.fixture(scope="module")
+def raw(live_server_e2b: LiveServer) -> Iterator[httpx.Client]:
+    """httpx on the live server's API with the contract team's key (the raw wire)."""
+    with httpx.Client(
+        base_url=live_server_e2b.url, headers={"X-API-Key": live_server_e2b.api_key}, timeout=30
+    ) as client:
+        yield client

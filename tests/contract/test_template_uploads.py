@@ -11,7 +11,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -47,14 +46,6 @@ class Link:
     def leftovers(self) -> list[str]:
         folder = self.stored.parent
         return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-@pytest.fixture(scope="module")
-def raw(live_server_e2b: LiveServer) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=live_server_e2b.url, headers={"X-API-Key": live_server_e2b.api_key}, timeout=30
-    ) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ the one before (a waiting build counts against the team's concurrent builds)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,20 +34,11 @@ from tests.contract.template_support import (
     unique,
     wait_build,
 )
-from tests.support.live_server import LiveServer
 
 SUPERSEDED = "The build was canceled because it was superseded by a newer one."
 V1_REFUSED = (
     "v1 (docker push) builds are not supported; use 'e2b template create' or the Template SDK"
 )
-
-
-@pytest.fixture(scope="module")
-def raw(live_server_e2b: LiveServer) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=live_server_e2b.url, headers={"X-API-Key": live_server_e2b.api_key}, timeout=30
-    ) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")
