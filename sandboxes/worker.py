@@ -230,9 +230,9 @@ def _record_kept(sandbox_id: str, state: str) -> bool:
 
 def sandbox_keep_warm() -> list[str]:
     """Tell the runtime which warm pools to keep: one per template whose pool is not
-    empty (by default, each template with a start command, code-interpreter-v1 among them;
-    ``Template.warm_pool`` sets any template's). The runtime ends the idle pool sandboxes of
-    every other shape. Returns the templates whose image this host has."""
+    empty (by default, each public template with a start command, code-interpreter-v1
+    among them; ``Template.warm_pool`` sets any template's). The runtime ends the idle pool
+    sandboxes of every other shape. Returns the templates whose image this host has."""
     runtime = get_runtime()
     asked, specs = [], []
     for template in Template.objects.filter(kind=Template.Kind.TEMPLATE).order_by("pk"):
@@ -242,7 +242,10 @@ def sandbox_keep_warm() -> list[str]:
             start = runtime.image_info(template.image_id).start
         except SandboxRuntimeError:
             continue  # its image is not built on this host
-        if template.warm_pool is None and start is None:
+        # By default only the public templates with a start command (code-interpreter-v1)
+        # get a pool: a team may build any number of templates, and each pool sandbox
+        # holds its memory and runs its start command until it is claimed.
+        if template.warm_pool is None and (start is None or template.team_id is not None):
             continue
         specs.append(
             SandboxSpec(

@@ -107,7 +107,6 @@ sqlite_tests=(
     tests/test_admin.py tests/test_api_keys.py tests/test_auth.py tests/test_create_team.py
     tests/test_errors.py tests/test_rate_limit.py tests/test_secrets.py
     tests/contract/test_python_sdk_sync.py tests/contract/test_filesystem_pause.py
-    tests/contract/test_template_builds.py tests/contract/test_template_uploads.py
 )
 sqlite_url="sqlite:///$logs/e2bfacade-test.sqlite3"
 

@@ -77,15 +77,15 @@ class Template(models.Model):
     disk_size_mb = models.PositiveIntegerField(default=1024)
     pids_max = models.PositiveIntegerField(default=1024)
     # Started sandboxes of this template the host keeps ready for creates to take (the
-    # runtime's warm pool). Null: SANDBOX_WARM_POOL for a template with a start command,
-    # none for another.
+    # runtime's warm pool). Null: SANDBOX_WARM_POOL for a public template with a start
+    # command, none for another.
     warm_pool = models.PositiveSmallIntegerField(
         null=True,
         blank=True,
         validators=[MaxValueValidator(16)],
         help_text=(
             "Started sandboxes kept ready for creates to take (at most 16). Empty: "
-            "SANDBOX_WARM_POOL for a template with a start command, none for another."
+            "SANDBOX_WARM_POOL for a public template with a start command, none for another."
         ),
     )
     envd_version = models.CharField(max_length=32, default=ENVD_VERSION)
