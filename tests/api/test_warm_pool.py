@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rest_framework.test import APIClient
 
+from e2bfacade.models import Team
+from e2bfacade.runtime.base import ImageBuild, StartCommand
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.pools import warm
 from sandboxes import worker
@@ -60,3 +62,29 @@ def test_a_templates_warm_pool_serves_its_creates_exactly_once(
     with runtime.warm.filling:
         pass  # no refill was started
     assert ready(runtime) == []
+
+
+def test_by_default_only_a_public_template_with_a_start_command_gets_a_pool(
+    runtime: LocalRuntime, team: Team
+) -> None:
+    runtime.ensure_base_image()
+    image = f"started-{uuid.uuid4().hex[:8]}"
+    runtime.build_image(
+        ImageBuild(
+            image_id=image,
+            parent="base",
+            populate=lambda root: None,
+            start=StartCommand(argv=("sleep", "600"), user="root"),
+        )
+    )
+    public = Template.objects.create(alias=f"pub-{image}", image_id=image)
+    built = Template.objects.create(team=team, alias=f"team-{image}", image_id=image)
+    try:
+        asked = worker.sandbox_keep_warm()
+        # A team may build any number of templates: none gets a pool unless asked for.
+        assert public.pk in asked and built.pk not in asked
+        Template.objects.filter(pk=built.pk).update(warm_pool=1)
+        assert built.pk in worker.sandbox_keep_warm()
+    finally:
+        Template.objects.filter(pk__in=[public.pk, built.pk]).delete()
+        worker.sandbox_keep_warm()
