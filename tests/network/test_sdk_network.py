@@ -12,7 +12,7 @@ import httpx
 import pytest
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException
 
-from tests.network.conftest import unique_cidr, unique_port
+from tests.network.conftest import unique_cidr
 from tests.support.internet import TestInternet
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.node_support import run_sdk_script
@@ -28,7 +28,7 @@ def net_server(internet: TestInternet) -> Iterator[LiveServer]:
         "SANDBOX_UPLINK": internet.uplink,
         "SANDBOX_UPLINK_GATEWAY": internet.gateway,
         "SANDBOX_NETWORK_CIDR": unique_cidr(),
-        "SANDBOX_EGRESS_PORT": str(unique_port()),
+        "SANDBOX_EGRESS_PORT": "auto",  # a fixed pick may be an ephemeral port in use
         "SANDBOX_DNS_SERVERS": "8.8.8.8",
     }
     with live_server(suite_url, extra_env=env) as server:
