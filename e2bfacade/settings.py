@@ -226,6 +226,14 @@ SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 
 # with a 400 (the host's disk is shared by every sandbox, the database and the service).
 SANDBOX_SNAPSHOT_MAX_MB = _positive_int("SANDBOX_SNAPSHOT_MAX_MB", 10 * 1024)
 
+# Volumes (sandboxes/volumes/): each volume is a file system of this many MB (a guest or the
+# content API meets ENOSPC past it, never the host's disk); a team's volumes together may
+# allocate at most VOLUME_MAX_MB_PER_TEAM (a create past it is refused); a volume token is
+# valid this long (GET /volumes/{id} mints a fresh one).
+VOLUME_MAX_MB = _positive_int("VOLUME_MAX_MB", 1024)
+VOLUME_MAX_MB_PER_TEAM = _positive_int("VOLUME_MAX_MB_PER_TEAM", 10 * 1024)
+VOLUME_TOKEN_SECONDS = _positive_int("VOLUME_TOKEN_SECONDS", 24 * 3600)
+
 # Template bases (templates/builds/): the registry every image pull goes to instead of the
 # image's own (http:// is plain HTTP, https:// verified; empty: none), the largest image a
 # pull accepts (its compressed layers, MB), and where pulled images (images/) and the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import string
+import uuid
 from datetime import datetime
 
 from django.db import models
@@ -154,3 +155,37 @@ class Sandbox(models.Model):
     @property
     def wire_state(self) -> str:
         return self.WIRE_STATE[self.State(self.state)]
+
+
+class Volume(models.Model):
+    """A team's volume (E2B's volumes): storage on one host that outlives sandboxes and is
+    mounted, live and shared, into the sandboxes that name it (``sandboxes/volumes/``). Its
+    files are the runtime's (``e2bfacade.runtime.volumes``), under ``runtime_id``."""
+
+    class State(models.TextChoices):
+        CREATING = "creating"  # the row exists; the runtime's storage may not yet
+        READY = "ready"
+        DELETING = "deleting"  # being removed: no new mount, no content call
+
+    volume_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="volumes")
+    name = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.CREATING)
+    size_mb = models.PositiveIntegerField()
+    # The host (runtime root) whose storage holds it: only that host mounts it.
+    host = models.CharField(max_length=255, blank=True, default="")
+    # Tokens name the epoch they were minted in; raising it revokes every earlier token.
+    token_epoch = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="volume_team_name_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.volume_id})"
+
+    @property
+    def runtime_id(self) -> str:
+        return str(self.volume_id)

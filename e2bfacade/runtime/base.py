@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.guest import Guest
+    from e2bfacade.runtime.volumes import VolumeMount
 
 # E2B's ids are "i" + 20 of [a-z0-9]; we accept any short URL-safe id and refuse everything
 # that could escape a path (/, .., NUL) or a mount option (",", ":", "=").
@@ -184,6 +185,9 @@ class SandboxSpec:
     # ready for the creates after it (see keep_warm). None: the driver's default (the
     # local runtime's: ``warm`` for an image with a start command, none otherwise).
     warm_pool: int | None = None
+    # The volumes mounted into it (e2bfacade.runtime.volumes.VolumeMount), kept across
+    # pause, resume and a cold boot; a driver without Capability.VOLUME_MOUNTS gets none.
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
 
 @dataclass(frozen=True)
