@@ -15,6 +15,12 @@ import tempfile
 
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:3000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
+# The application is imported once, by the master, and the workers fork from it: a worker
+# (re)start costs a fork, not the 1.2 s of CPU importing Django and the apps takes each time
+# (measured at a start of 4 workers: 9.6 s of CPU in all without, see docs/performance.md),
+# and the workers share the imported code's memory. Nothing at import opens a connection or
+# starts a thread (the database and the runtime are reached on the first request).
+preload_app = True
 # Sandbox operations are short (milliseconds) but a create may wait briefly for another
 # request with the same Idempotency-Key: keep the timeout well above IDEMPOTENCY_WAIT_SECONDS.
 timeout = 60

@@ -11,6 +11,7 @@ as TCP explicitly, so asyncio sets ``TCP_NODELAY`` as it does for its own server
 from __future__ import annotations
 
 import asyncio
+import importlib
 import contextlib
 import os
 import signal
@@ -86,6 +87,9 @@ def main(host: str, port: int, workers: int) -> int:
     if workers <= 1:
         serve(sock)
         return 0
+    # Imported once, here, and forked: each worker then costs a fork, not an import of
+    # Django and the app (nothing at import opens a connection or starts a thread).
+    importlib.import_module("sandboxes.dataplane.app")
     children = []
     master = os.getpid()
     for _ in range(workers):

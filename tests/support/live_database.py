@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime as dt
 import hashlib
 import os
 import secrets
@@ -121,3 +122,35 @@ def migrated_sqlite(path: Path, env: dict[str, str]) -> None:
         atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
         _sqlite_templates[digest] = template
     shutil.copyfile(template, path)
+
+
+def create_teams(database_url: str, names: list[str]) -> dict[str, tuple[int, str]]:
+    """A team (new or existing) and a fresh API key for each of ``names``: {name: (team id,
+    raw key)}. Written straight into a migrated database (as ``api_key_create`` would: the
+    key's SHA-256 and prefix, e2bfacade/models.py), not through ``manage.py shell``, whose
+    start is a second of CPU per deployment. (Its constants are repeated here: this runs
+    without Django set up; a key made otherwise fails every request of the test.)"""
+    postgres = is_postgres(database_url)
+    mark = "%s" if postgres else "?"
+    now: Any = dt.datetime.now(dt.UTC)
+    if not postgres:
+        now = now.replace(tzinfo=None).isoformat(" ")  # as Django stores it in SQLite
+    made: dict[str, tuple[int, str]] = {}
+    with connect(database_url) as conn:
+        for name in names:
+            conn.execute(
+                f"INSERT INTO e2bfacade_team (name, created_at) VALUES ({mark}, {mark}) "
+                "ON CONFLICT (name) DO NOTHING",
+                (name, now),
+            )
+            (team_id,) = conn.execute(
+                f"SELECT id FROM e2bfacade_team WHERE name = {mark}", (name,)
+            ).fetchone()
+            raw = "e2b_" + secrets.token_hex(20)
+            conn.execute(
+                "INSERT INTO e2bfacade_apikey (team_id, name, key_hash, prefix, created_at) "
+                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark})",
+                (team_id, "live", hashlib.sha256(raw.encode()).hexdigest(), raw[:10], now),
+            )
+            made[name] = (int(team_id), raw)
+    return made

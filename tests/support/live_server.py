@@ -14,7 +14,6 @@ live_process.py, the databases (cloned from a migrated one) in live_database.py.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -26,6 +25,7 @@ from typing import Any
 
 from tests.support.live_database import (
     connect,
+    create_teams,
     is_postgres,
     libpq_url,
     migrated_postgres,
@@ -69,17 +69,6 @@ __all__ = [
 MAX_TIMEOUT = 3600
 # Short: sandboxd's unix socket lives under SANDBOX_ROOT, and such paths must stay < 108 bytes.
 TMP_PARENT = "/tmp"
-
-_CREATE_TEAMS = """
-import json, os
-from e2bfacade.models import Team, api_key_create
-out = {}
-for name in json.loads(os.environ["E2BI_TEAMS"]):
-    team, _ = Team.objects.get_or_create(name=name)
-    _, raw = api_key_create(team=team, name="live")
-    out[name] = [team.pk, raw]
-print("TEAMS " + json.dumps(out))
-"""
 
 
 @dataclass(frozen=True)
@@ -183,12 +172,8 @@ class Deployment:
         """A team (new or existing) and a fresh API key for each of ``names``."""
         if not names:
             return {}
-        out = self.manage(
-            "shell", "-c", _CREATE_TEAMS, env={**self.env, "E2BI_TEAMS": json.dumps(names)}
-        )
-        line = next(x for x in out.splitlines() if x.startswith("TEAMS "))
-        made = json.loads(line.removeprefix("TEAMS "))
-        return {name: TeamKey(team_id=v[0], api_key=v[1]) for name, v in made.items()}
+        made = create_teams(self.database_url, names)
+        return {name: TeamKey(team_id=tid, api_key=key) for name, (tid, key) in made.items()}
 
     def take_team(self) -> TeamKey:
         """A team no other caller has used: its sandboxes and records are its test's alone."""
