@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
 
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
+from e2bfacade.runtime.local import build
 from e2bfacade.startup import is_insecure_secret_key
 from tests.support.factories import ApiKeyFactory, TeamFactory
 
@@ -23,6 +27,11 @@ settings.SECRET_KEY = os.environ["SECRET_KEY"]
 os.environ["SANDBOX_UPLINK"] = "none"
 settings.SANDBOX_NETWORK = None
 settings.SANDBOX_RUNTIME_OPTIONS.pop("network", None)
+# Every test root compiles the runtime's C helper once (1.9 s of CPU) unless a cache holds
+# it: one per run of the suite, shared by its servers and subprocesses through os.environ.
+if not os.environ.get(build.CACHE_ENV):
+    os.environ[build.CACHE_ENV] = _helper_cache = tempfile.mkdtemp(prefix="e2bfacade-sandboxd-")
+    atexit.register(shutil.rmtree, _helper_cache, ignore_errors=True)
 
 
 @pytest.fixture
