@@ -11,8 +11,8 @@ as TCP explicitly, so asyncio sets ``TCP_NODELAY`` as it does for its own server
 from __future__ import annotations
 
 import asyncio
-import importlib
 import contextlib
+import importlib
 import os
 import signal
 import socket
