@@ -41,7 +41,7 @@ State = Volume.State
 
 VOLUME_NAME = re.compile(r"[a-zA-Z0-9_-]+")  # E2B's
 MAX_NAME = 255  # the column's
-MAX_PATH = 4096  # PATH_MAX
+MAX_PATH = 1024  # bytes: the runtime's bound (a mount point is passed to the launcher)
 
 
 class VolumeBudgetExceeded(BadRequest):
@@ -322,8 +322,8 @@ def mount_path_problem(path: str) -> str | None:
         return "path must not contain any '.' or '..' components"
     if path == "/":
         return "path cannot be the root directory"
-    if len(path) > MAX_PATH:
-        return f"path must be at most {MAX_PATH} characters"
+    if len(path.encode()) > MAX_PATH:
+        return f"path must be at most {MAX_PATH} bytes"
     return None
 
 
@@ -361,6 +361,13 @@ def volume_mounts_resolve(
             continue
         if path in used:
             invalid.append((index, f"path '{path}' is already used"))
+            continue
+        # Not E2B's: one mount inside another would hide it, or be hidden, by mount order.
+        outer = next(
+            (p for p in used if path.startswith(p + "/") or p.startswith(path + "/")), None
+        )
+        if outer is not None:
+            invalid.append((index, f"path '{path}' is nested with '{outer}', another mount's"))
             continue
         used.add(path)
         if volume.host and volume.host != host:
