@@ -23,7 +23,7 @@ from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from e2bfacade import capabilities
@@ -264,6 +264,12 @@ def volume_finish_delete(*, volume: Volume) -> None:
     with transaction.atomic():
         SandboxVolumeMount.objects.filter(volume_id=volume.pk).delete()
         Volume.objects.filter(pk=volume.pk, state=State.DELETING).delete()
+
+
+def volume_revoke_tokens(*, volume_ids: Sequence[uuid.UUID]) -> int:
+    """Revoke every token minted so far for these volumes (the content API refuses them at
+    once); ``GET /volumes/{id}`` mints valid ones again. Returns how many volumes."""
+    return Volume.objects.filter(pk__in=volume_ids).update(token_epoch=F("token_epoch") + 1)
 
 
 # -------------------------------------------------------------------------------- sweep

@@ -443,3 +443,41 @@ def test_a_keyed_create_replays_with_its_mounts_and_other_mounts_are_a_mismatch(
     )
     assert assert_error(response, 409)["error_code"] == "idempotency_request_mismatch"
     assert SandboxVolumeMount.objects.count() == 1
+
+
+# ------------------------------------------------------------------------ admin, metrics
+def test_the_admin_shows_a_volumes_use_and_mounts_and_revokes_its_tokens(
+    api_client: APIClient, admin_client: Any, create_sandbox: Callable[..., dict[str, Any]]
+) -> None:
+    made = new_volume(api_client, "seen")
+    sandbox_id = create_sandbox(volumeMounts=[{"name": "seen", "path": "/mnt/seen"}])["sandboxID"]
+    page = admin_client.get(f"/admin/sandboxes/volume/{made['volumeID']}/change/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert " MB of 8 MB" in text
+    assert f">{sandbox_id}</a> at /mnt/seen" in text
+    listing = admin_client.get("/admin/sandboxes/volume/")
+    assert listing.status_code == 200 and "seen" in listing.content.decode()
+    response = admin_client.post(
+        "/admin/sandboxes/volume/",
+        {"action": "revoke_tokens", "_selected_action": [made["volumeID"]]},
+    )
+    assert response.status_code == 302
+    volume = Volume.objects.get(pk=made["volumeID"])
+    assert volume.token_epoch == 1
+    assert not tokens.verify(made["token"], volume.volume_id, volume.token_epoch)
+    fresh = api_client.get(f"/volumes/{made['volumeID']}").json()["token"]
+    assert tokens.verify(fresh, volume.volume_id, volume.token_epoch)
+
+
+def test_metrics_count_volumes_by_state(
+    api_client: APIClient, anonymous_client: APIClient, team: Any
+) -> None:
+    new_volume(api_client, "m1")
+    new_volume(api_client, "m2")
+    Volume.objects.create(team=team, name="m3", size_mb=8, state=State.DELETING)
+    text = anonymous_client.get("/metrics").content.decode()
+    assert 'e2bfacade_volumes_by_state{state="ready"} 2.0' in text
+    assert 'e2bfacade_volumes_by_state{state="deleting"} 1.0' in text
+    assert 'e2bfacade_volumes_by_state{state="creating"} 0.0' in text
+    assert 'e2bfacade_volumes_allocated_mb{state="ready"} 16.0' in text
