@@ -36,7 +36,7 @@ from pathlib import Path
 from e2bfacade.runtime.base import FileType, GuestFileError
 from e2bfacade.runtime.local.guest.files import guest_path
 from e2bfacade.runtime.local.guest.syscalls import RESOLVE_NO_XDEV, openat2
-from e2bfacade.runtime.volumes import VolumeEntry
+from e2bfacade.runtime.volumes import VolumeEntry, VolumeNotFound
 
 MAX_DEPTH = 10  # the deepest list_dir (E2B's bound)
 MAX_ENTRIES = 100_000  # a listing holds at most this many entries (the answer is held whole)
@@ -197,7 +197,7 @@ class LocalVolumeFiles:
         try:
             fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise GuestFileError(exc.errno or errno.EIO, "the volume is not mounted") from None
+            raise VolumeNotFound(f"the volume's storage is not there: {exc.strerror}") from None
         try:
             yield fd
         finally:
