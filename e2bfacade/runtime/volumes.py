@@ -84,7 +84,8 @@ class VolumeFiles(Protocol):
         mode: int | None = None,
         force: bool = False,
     ) -> VolumeEntry:
-        """``force``: make the missing parents too (else a missing parent is ENOENT)."""
+        """``force``: make the missing parents too (else a missing parent is ENOENT) and
+        accept a directory already there (else EEXIST), as E2B's."""
         ...
 
     def read_file(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
@@ -102,8 +103,9 @@ class VolumeFiles(Protocol):
         mode: int | None = None,
         force: bool = False,
     ) -> VolumeEntry:
-        """Creates or replaces the file atomically (a cut body leaves the old one).
-        ``force``: make the missing parents too."""
+        """Creates the file, or with ``force`` replaces it, atomically (a cut body leaves
+        the old one); without ``force`` an existing path is EEXIST, as E2B's. ``force``
+        makes the missing parents too."""
         ...
 
     def update(
