@@ -23,6 +23,7 @@ from sandboxes.volumes import services as volume_services
 from sandboxes.volumes import tokens
 from tests.api.helpers import assert_error
 from tests.idempotency.conftest import Crash
+from tests.runtime.helpers import run
 from tests.support.runtime_support import kill_everything
 
 State = Volume.State
@@ -481,3 +482,32 @@ def test_metrics_count_volumes_by_state(
     assert 'e2bfacade_volumes_by_state{state="deleting"} 1.0' in text
     assert 'e2bfacade_volumes_by_state{state="creating"} 0.0' in text
     assert 'e2bfacade_volumes_allocated_mb{state="ready"} 16.0' in text
+
+
+def test_a_snapshot_or_a_fork_of_a_sandbox_does_not_carry_its_volumes(
+    api_client: APIClient, create_sandbox: Callable[..., dict[str, Any]], runtime: LocalRuntime
+) -> None:
+    new_volume(api_client, "kept-out")
+    source = create_sandbox(volumeMounts=[{"name": "kept-out", "path": "/mnt/v"}])["sandboxID"]
+    wrote = run(runtime, source, ["sh", "-c", "echo in-volume > /mnt/v/f && echo own > /own"])
+    assert wrote.exit_code == 0, wrote
+    snap = api_client.post(f"/sandboxes/{source}/snapshots", {}, format="json")
+    assert snap.status_code == 201, snap.content
+    snapshot_id = snap.json()["snapshotID"]
+
+    plain = create_sandbox(templateID=snapshot_id)["sandboxID"]
+    assert api_client.get(f"/sandboxes/{plain}").json()["volumeMounts"] == []
+    seen = run(runtime, plain, ["sh", "-c", "cat /own; cat /mnt/v/f 2>/dev/null || echo absent"])
+    assert seen.stdout.decode() == "own\nabsent\n"
+    # Its own create may name the volume, anywhere.
+    named = create_sandbox(
+        templateID=snapshot_id, volumeMounts=[{"name": "kept-out", "path": "/elsewhere"}]
+    )["sandboxID"]
+    assert run(runtime, named, ["cat", "/elsewhere/f"]).stdout.decode() == "in-volume\n"
+
+    forks = api_client.post(f"/sandboxes/{source}/fork", {"count": 1, "timeout": 60}, "json")
+    assert forks.status_code == 201, forks.content
+    [fork] = forks.json()
+    fork_id = fork["sandbox"]["sandboxID"]
+    assert api_client.get(f"/sandboxes/{fork_id}").json()["volumeMounts"] == []
+    assert runtime.volume_users(str(Volume.objects.get(name="kept-out").pk)) == {source, named}
