@@ -262,8 +262,8 @@ def test_a_guest_cannot_reach_outside_the_volume_through_it(
     assert ok(runtime, sid, "cd /mnt/v/../../../..; pwd; ls /mnt/v/..") == "/\nv\n"
     # A hard link to a file of another file system (the guest's own root: the host's
     # files are not in its view at all) is refused, not copied in.
-    link = sh(runtime, sid, "ln /etc/passwd /mnt/v/passwd")
-    assert link.exit_code != 0 and b"Invalid cross-device link" in link.stderr, link
+    hard = sh(runtime, sid, "ln /etc/passwd /mnt/v/passwd")
+    assert hard.exit_code != 0 and b"Invalid cross-device link" in hard.stderr, hard
     assert not (host_dir(runtime, volume_id) / "passwd").exists()
     # Symlinks in the volume are the guest's to follow, inside its own root.
     ok(runtime, sid, f"ln -s {host_scratch}/secret /mnt/v/to-host; ln -s ../../../.. /mnt/v/up")
