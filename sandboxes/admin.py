@@ -202,7 +202,7 @@ class VolumeAdmin(admin.ModelAdmin[Volume]):
             info = volume_services.volume_runtime().volume_info(obj.runtime_id)
         except ApiError as exc:
             return f"— ({exc.message})"
-        except SandboxRuntimeError as exc:
+        except (SandboxRuntimeError, OSError) as exc:
             return f"— (the runtime cannot say: {exc})"
         return f"{info.used_bytes / (1 << 20):.1f} MB of {info.size_mb} MB"
 

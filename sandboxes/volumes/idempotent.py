@@ -12,7 +12,6 @@ from typing import Any
 
 from e2bfacade.errors import ApiError
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import SandboxRuntimeError
 from idempotency.registry import Operation, register
 from sandboxes.models import Volume
 from sandboxes.volumes import services
@@ -47,7 +46,7 @@ def _undo(rid: str) -> bool:
     the row it may have left ``creating`` is the sweep's)."""
     try:
         services.volume_runtime().delete_volume(rid)
-    except (SandboxRuntimeError, ApiError):
+    except (*services.STORAGE_ERRORS, ApiError):
         return False
     return True
 

@@ -61,7 +61,10 @@ def volume_runtime() -> VolumeRuntime:
     message = capabilities.refusal(Capability.VOLUME_MOUNTS)
     if message:
         raise ApiError(message, status=403, error_code="volumes_not_supported")
-    return cast(VolumeRuntime, get_runtime())
+    try:
+        return cast(VolumeRuntime, get_runtime())
+    except SandboxRuntimeError as exc:  # this host cannot run its runtime at all
+        raise ServiceUnavailable(exc.message, headers={"Should-Retry": "false"}) from exc
 
 
 def this_host() -> str:
@@ -99,7 +102,12 @@ def check_volume_host(volume: Volume) -> None:
         )
 
 
-def _storage_error(exc: SandboxRuntimeError) -> ServiceUnavailable:
+# What a runtime's volume operation may raise: its own errors, and the host's (a full disk,
+# a missing loop device) when they reach us unwrapped.
+STORAGE_ERRORS = (SandboxRuntimeError, OSError)
+
+
+def _storage_error(exc: Exception) -> ServiceUnavailable:
     return ServiceUnavailable(f"volume storage error: {exc}")
 
 
@@ -159,10 +167,10 @@ def volume_start(*, volume: Volume) -> Volume:
     runtime = volume_runtime()
     try:
         runtime.create_volume(volume.runtime_id, volume.size_mb)
-    except SandboxRuntimeError as exc:
+    except STORAGE_ERRORS as exc:
         try:
             runtime.delete_volume(volume.runtime_id)
-        except SandboxRuntimeError:
+        except STORAGE_ERRORS:
             logger.warning("volume %s: cannot roll back a failed create", volume.pk, exc_info=True)
             raise _storage_error(exc) from exc
         Volume.objects.filter(pk=volume.pk, state=State.CREATING).delete()
@@ -258,7 +266,7 @@ def volume_finish_delete(*, volume: Volume) -> None:
             state=State.READY, state_changed_at=timezone.now()
         )
         raise _in_use(volume, []) from exc
-    except SandboxRuntimeError as exc:
+    except STORAGE_ERRORS as exc:
         raise _storage_error(exc) from exc  # stays "deleting": a retry or the sweep finishes
     failpoint("after_volume_delete")
     with transaction.atomic():
