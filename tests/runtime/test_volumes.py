@@ -311,14 +311,18 @@ def test_a_delete_racing_creates_either_refuses_or_leaves_no_sandbox_with_the_vo
         outcome: dict[str, object] = {}
         start = threading.Barrier(len(sids) + 1)
 
-        def create(sid: str, vid: str = volume_id) -> None:
+        def create(
+            sid: str, vid: str, start: threading.Barrier, outcome: dict[str, object]
+        ) -> None:
             start.wait(timeout=10)
             try:
                 outcome[sid] = runtime.create(with_volumes(sid, (vid, "/v")))
             except CreateRefused as exc:
                 outcome[sid] = exc
 
-        threads = [threading.Thread(target=create, args=(sid,)) for sid in sids]
+        threads = [
+            threading.Thread(target=create, args=(sid, volume_id, start, outcome)) for sid in sids
+        ]
         for t in threads:
             t.start()
         start.wait(timeout=10)
