@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.runtime_bench import cleanup, timed  # noqa: E402
 from bench.stats import figure, percentile  # noqa: E402
 from e2bfacade.runtime.base import SandboxSpec  # noqa: E402
-from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
+from e2bfacade.runtime.local import LocalRuntime, lxcfs  # noqa: E402
 from e2bfacade.runtime.volumes import VolumeMount  # noqa: E402
 
 TARGET_MS = 2.0
@@ -63,6 +64,8 @@ def main() -> int:
                 rt.kill(sid)
     finally:
         cleanup(rt)
+        lxcfs.stop(rt.root)  # the runtime's lxcfs, which cleanup leaves mounted
+        shutil.rmtree(rt.root, ignore_errors=True)
 
     print(
         f"create with {args.volumes} volume(s) against none, {args.n} each, cgroup "
