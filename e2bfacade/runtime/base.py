@@ -209,6 +209,7 @@ class SandboxInfo:
     default_user: str = DEFAULT_USER
     env_vars: Mapping[str, str] = field(default_factory=dict)
     traffic_access_token: str | None = None
+    volume_mounts: tuple[VolumeMount, ...] = ()  # as created (SandboxSpec.volume_mounts)
 
 
 @dataclass(frozen=True)

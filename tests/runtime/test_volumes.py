@@ -379,7 +379,9 @@ def test_a_create_of_an_existing_sandbox_compares_its_mounts(
     for other in (with_volumes(sid, (v2, "/a")), with_volumes(sid, (v1, "/b")), with_volumes(sid)):
         with pytest.raises(RuntimeConflict):
             runtime.create(other)
-    assert runtime.layout.read_state(sid).volume_mounts == spec.volume_mounts  # type: ignore[union-attr]
+    assert runtime.status(sid).volume_mounts == spec.volume_mounts
+    # A new runtime object on the root (a restarted service) reads them from the record.
+    assert LocalRuntime(runtime.root, spares=0).status(sid).volume_mounts == spec.volume_mounts
 
 
 def test_a_power_cut_and_a_new_runtime_keep_volumes_and_teardown_leaves_nothing() -> None:
