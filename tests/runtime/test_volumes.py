@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -300,6 +301,51 @@ def test_delete_is_refused_while_a_live_sandbox_mounts_it_and_works_after_kill(
         runtime.create(with_volumes(sid, (volume_id, "/v")))
 
 
+def test_a_delete_racing_creates_either_refuses_or_leaves_no_sandbox_with_the_volume(
+    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+) -> None:
+    for _ in range(3):
+        volume_id = f"v{uuid.uuid4().hex[:12]}"
+        runtime.create_volume(volume_id, 8)
+        sids = [new_sandbox_id() for _ in range(2)]
+        outcome: dict[str, object] = {}
+        start = threading.Barrier(len(sids) + 1)
+
+        def create(
+            sid: str, vid: str, start: threading.Barrier, outcome: dict[str, object]
+        ) -> None:
+            start.wait(timeout=10)
+            try:
+                outcome[sid] = runtime.create(with_volumes(sid, (vid, "/v")))
+            except CreateRefused as exc:
+                outcome[sid] = exc
+
+        threads = [
+            threading.Thread(target=create, args=(sid, volume_id, start, outcome)) for sid in sids
+        ]
+        for t in threads:
+            t.start()
+        start.wait(timeout=10)
+        try:
+            deleted: bool | VolumeInUse = runtime.delete_volume(volume_id)
+        except VolumeInUse as exc:
+            deleted = exc
+        for t in threads:
+            t.join(timeout=60)
+        made = [sid for sid in sids if not isinstance(outcome[sid], CreateRefused)]
+        if deleted is True:
+            # Every create that got the volume started before the delete's check and
+            # would have made it refuse: so none did.
+            assert made == [], outcome
+            assert not (runtime.root / "volumes" / volume_id).exists()
+        else:
+            assert isinstance(deleted, VolumeInUse) and made, (deleted, outcome)
+            for sid in made:
+                ok(runtime, sid, "echo alive > /v/f")
+                runtime.kill(sid)
+            assert runtime.delete_volume(volume_id) is True
+
+
 def test_a_snapshot_of_a_sandbox_with_a_volume_holds_none_of_its_files(
     runtime: LocalRuntime, new_sandbox_id: Callable[[], str], new_volume: Callable[..., str]
 ) -> None:
@@ -333,7 +379,9 @@ def test_a_create_of_an_existing_sandbox_compares_its_mounts(
     for other in (with_volumes(sid, (v2, "/a")), with_volumes(sid, (v1, "/b")), with_volumes(sid)):
         with pytest.raises(RuntimeConflict):
             runtime.create(other)
-    assert runtime.layout.read_state(sid).volume_mounts == spec.volume_mounts  # type: ignore[union-attr]
+    assert runtime.status(sid).volume_mounts == spec.volume_mounts
+    # A new runtime object on the root (a restarted service) reads them from the record.
+    assert LocalRuntime(runtime.root, spares=0).status(sid).volume_mounts == spec.volume_mounts
 
 
 def test_a_power_cut_and_a_new_runtime_keep_volumes_and_teardown_leaves_nothing() -> None:

@@ -226,6 +226,9 @@ def park(rt: LocalRuntime, record: SandboxRecord, reason: str | None) -> Sandbox
     if rt.network is not None and slot is not None:
         rt.network.release(slot)
     disks.sync(d)  # what it wrote survives a power cut from here on
+    for volume_id in {m.volume_id for m in record.volume_mounts}:
+        with contextlib.suppress(OSError):  # shared: others may write on; best effort
+            rt.volumes.sync(volume_id)
     parked = record.replace(init_pid=0, init_start=0, parked=Parked(reason, time.time()))
     parked.save(d)
     return parked

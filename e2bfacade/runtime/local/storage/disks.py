@@ -65,6 +65,7 @@ __all__ = [
     "ensure_image_mounted",
     "exists",
     "sync",
+    "syncfs",
     "usage",
 ]
 log = logging.getLogger(__name__)
@@ -280,6 +281,11 @@ def sync(sandbox_dir: Path) -> None:
     mount_point = sandbox_dir / MOUNT
     if not os.path.ismount(mount_point):
         return
+    syncfs(mount_point)
+
+
+def syncfs(mount_point: Path) -> None:
+    """syncfs(2) of the file system mounted at ``mount_point``."""
     fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _check(_libc.syncfs(fd), f"syncfs {mount_point}")

@@ -127,6 +127,13 @@ class VolumeStore:
         disks.ensure_image_mounted(d / IMAGE, d / MOUNT, NO_SUBDIRS, force_check=False)
         return d / MOUNT
 
+    def sync(self, volume_id: str) -> None:
+        """Write the volume's dirty pages out (syncfs), if it is mounted on the host."""
+        mount_point = self.mount_point(volume_id)
+        if not os.path.ismount(mount_point):
+            return
+        disks.syncfs(mount_point)
+
     def info(self, volume_id: str) -> VolumeInfo:
         self.ensure_mounted(volume_id)
         return self._info(volume_id)
