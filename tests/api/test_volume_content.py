@@ -185,8 +185,8 @@ def test_the_sdk_round_trip(vol: Vol) -> None:
     assert v.exists("/a/b") and not v.exists("/nope")
     assert [e.path for e in v.list("/")] == ["/a", "/hello.txt"]
     assert [e.path for e in v.list("/a", depth=3)] == ["/a/b", "/a/b/c", "/a/b/c/f.bin"]
-    updated = v.update_metadata("/hello.txt", uid=1000, mode=0o640)
-    assert (updated.uid, updated.gid, updated.mode) == (1000, 0, 0o640)
+    updated = v.update_metadata("/hello.txt", uid=0, mode=0o640)
+    assert (updated.uid, updated.gid, updated.mode) == (0, 1000, 0o640)
     v.remove("/a")
     assert not v.exists("/a")
     with pytest.raises(VolumePathNotFoundException):
@@ -196,7 +196,7 @@ def test_the_sdk_round_trip(vol: Vol) -> None:
     with pytest.raises(NotFoundException):
         v.get_info("/a")
     # On the host: stored with the ids asked for, in the volume's own file system.
-    assert os.stat(vol.dir / "hello.txt").st_uid == 1000
+    assert os.stat(vol.dir / "hello.txt").st_uid == 0
 
 
 def test_a_wrong_token_is_an_authentication_error_in_the_sdk(vol: Vol, vols: list[Vol]) -> None:
@@ -213,7 +213,7 @@ def test_each_route_status_and_shape(site: Site, vol: Vol) -> None:
     base, h = f"/volumecontent/{vol.id}", vol.auth()
     r = site.http.put(f"{base}/file", params={"path": "/f.txt"}, content=b"data", headers=h)
     assert r.status_code == 201 and set(r.json()) == STAT_FIELDS, r.text
-    assert r.json()["type"] == "file" and r.json()["mode"] == 0o644 and r.json()["uid"] == 0
+    assert r.json()["type"] == "file" and r.json()["mode"] == 0o644 and r.json()["uid"] == 1000
     assert r.json()["mtime"].endswith("Z")
     r = site.http.get(f"{base}/file", params={"path": "/f.txt"}, headers=h)
     assert (r.status_code, r.content, r.headers["content-type"]) == (

@@ -41,6 +41,10 @@ from e2bfacade.runtime.volumes import VolumeEntry, VolumeNotFound
 MAX_DEPTH = 10  # the deepest list_dir (E2B's bound)
 MAX_ENTRIES = 100_000  # a listing holds at most this many entries (the answer is held whole)
 MAX_ID = 65535  # guest ids: the sandboxes' id maps cover 0..65535
+# Without uid/gid: the guest's ``user``, who owns the volume's root, so that what the content
+# API makes a sandbox's ``user`` may change too (E2B makes it writable to every user: id
+# 9090, modes 0666/0777).
+DEFAULT_ID = 1000
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 
@@ -51,7 +55,7 @@ def _error(exc: OSError, path: str) -> GuestFileError:
 
 def _check_id(value: int | None, what: str) -> int:
     if value is None:
-        return 0
+        return DEFAULT_ID
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise GuestFileError(errno.EINVAL, f"{what} must be between 0 and {MAX_ID}")
     return value
