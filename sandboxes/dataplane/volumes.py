@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import re
 import uuid
 from datetime import UTC, datetime
@@ -45,7 +46,9 @@ from sandboxes.dataplane.files import (
     query_of,
     respond,
 )
-from sandboxes.dataplane.target import cut_connection, header
+from sandboxes.dataplane.target import StreamCut, cut_connection, header
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Any
@@ -303,6 +306,12 @@ async def content(scope: Scope, receive: Receive, send: Send) -> None:
         await respond(send, 429, error_body(429, exc.message))
     except ContentError as exc:
         await _answer(send, exc)
+    except StreamCut as cut:
+        if not cut.reset:
+            raise  # only the server can drop this connection
+        # Expected (the client stopped reading, or the file could not be read on): the
+        # client has seen the reset, and there is nothing to report but the reason.
+        log.info("data plane: cut a volume content stream: %s", cut)
 
 
 async def _answer(send: Send, exc: ContentError) -> None:

@@ -53,6 +53,7 @@ print("VOLS " + json.dumps(out))
 """
 
 MiB = 1 << 20
+IDLE = 2  # the data plane's DATAPLANE_BODY_IDLE_SECONDS here
 
 
 class Vol:
@@ -113,7 +114,7 @@ class Site:
 def site() -> Iterator[Site]:
     with Deployment(teams=2, prefix="e2bv") as deployment:
         server = Server(
-            deployment.env,
+            {**deployment.env, "DATAPLANE_BODY_IDLE_SECONDS": str(IDLE)},
             deployment.tmp / "server.log",
             workers=1,
             dataplane_workers=1,  # one process: its memory is the data plane's
@@ -397,6 +398,13 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field} for {pid}")
 
 
+def read_chars(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no rchar for {pid}")
+
+
 def test_a_sparse_terabyte_is_streamed_with_bounded_memory(site: Site, vol: Vol) -> None:
     """Decided: a sparse file is streamed like any other (it is the volume's content), in
     chunks, and stops being read when the client goes away."""
@@ -414,7 +422,11 @@ def test_a_sparse_terabyte_is_streamed_with_bounded_memory(site: Site, vol: Vol)
             if got >= 64 * MiB:
                 break
     assert rss_kib(pid) - before < 32 * 1024
-    # The reading stopped with the client: the volume's share is free for the next call.
+    # The reading stopped with the client: the data plane reads (almost) nothing more.
+    time.sleep(0.5)
+    first = read_chars(pid)
+    time.sleep(1)
+    assert read_chars(pid) - first < 8 * MiB
     r = site.http.get(
         f"/volumecontent/{vol.id}/path", params={"path": "/sparse"}, headers=vol.auth()
     )
@@ -470,6 +482,29 @@ def test_a_cut_upload_leaves_the_old_file(site: Site, vol: Vol) -> None:
         if sorted(os.listdir(vol.dir)) == ["keep"]:
             break
         time.sleep(0.1)
+    assert site.http.get(f"{base}/file", params={"path": "/keep"}, headers=h).content == b"old"
+    assert sorted(os.listdir(vol.dir)) == ["keep"]
+
+
+def test_a_stalled_upload_is_408_and_leaves_the_old_file(site: Site, vol: Vol) -> None:
+    base, h = f"/volumecontent/{vol.id}", vol.auth()
+    site.http.put(f"{base}/file", params={"path": "/keep"}, content=b"old", headers=h)
+    host, port = site.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=IDLE + 10) as conn:
+        started = time.monotonic()
+        conn.sendall(
+            f"PUT {base}/file?path=/keep&force=true HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {vol.token}\r\nContent-Length: 1000000\r\n\r\n".encode()
+            + b"n" * 1000
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = conn.recv(4096)
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert IDLE - 0.5 < time.monotonic() - started < IDLE + 5
     assert site.http.get(f"{base}/file", params={"path": "/keep"}, headers=h).content == b"old"
     assert sorted(os.listdir(vol.dir)) == ["keep"]
 
