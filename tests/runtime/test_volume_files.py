@@ -107,6 +107,10 @@ def test_force_semantics_as_e2b(vol: LocalVolumeFiles) -> None:
     made = vol.make_dir("/x/y", force=True, uid=1000, gid=1000, mode=0o700)
     assert (made.uid, made.gid, made.mode) == (1000, 1000, 0o700)
     assert errno_of(vol.make_dir, "/a.txt/sub", force=True) == errno.ENOTDIR
+    assert errno_of(vol.make_dir, "/a.txt", force=True) == errno.EEXIST
+    # Relative paths are under the root, and "~" is a name like any other.
+    assert vol.write_file("~", [b"tilde"]).path == "/~"
+    assert vol.stat("dir").path == "/dir"
 
 
 def test_ids_and_modes_are_bounded(vol: LocalVolumeFiles) -> None:

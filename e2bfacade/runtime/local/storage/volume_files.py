@@ -49,6 +49,12 @@ DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 
 
+def _norm(path: str) -> str:
+    """An absolute, normalised path in the volume (a relative one is under its root, as
+    E2B's: ``~`` is a name like any other; ``..`` stops at the root)."""
+    return guest_path(path if path.startswith("/") else f"/{path}", "/")
+
+
 def _error(exc: OSError, path: str) -> GuestFileError:
     return GuestFileError(exc.errno or errno.EIO, f"{path}: {exc.strerror or exc}")
 
@@ -225,6 +231,15 @@ class LocalVolumeFiles:
         finally:
             os.close(fd)
 
+    def _exists(self, root: int, path: str) -> bool:
+        """Whether ``path`` names anything (its last component not followed)."""
+        try:
+            with self._parent(root, path) as (dir_fd, name):
+                os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                return True
+        except (GuestFileError, OSError):
+            return False
+
     @staticmethod
     def _lstat(dir_fd: int, name: str, path: str) -> VolumeEntry:
         try:
@@ -276,7 +291,7 @@ class LocalVolumeFiles:
 
     # ------------------------------------------------------------------ operations
     def stat(self, path: str) -> VolumeEntry:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             if path == "/":
                 return _entry("/", os.fstat(root), None)
@@ -284,7 +299,7 @@ class LocalVolumeFiles:
                 return self._lstat(dir_fd, name, path)
 
     def list_dir(self, path: str, depth: int = 1) -> list[VolumeEntry]:
-        path = guest_path(path, "/")
+        path = _norm(path)
         if not 1 <= depth <= MAX_DEPTH:
             raise GuestFileError(errno.EINVAL, f"depth must be between 1 and {MAX_DEPTH}")
         out: list[VolumeEntry] = []
@@ -346,7 +361,7 @@ class LocalVolumeFiles:
     ) -> VolumeEntry:
         """As E2B: ``force`` makes the missing parents and accepts a directory already
         there (left as it is); without it, anything there is EEXIST."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_, gid_ = _check_id(uid, "uid"), _check_id(gid, "gid")
         mode_ = _check_mode(mode, DEFAULT_DIR_MODE)
         with self._root() as root:
@@ -356,7 +371,12 @@ class LocalVolumeFiles:
                 return _entry("/", os.fstat(root), None)
             if force:
                 self._make_parents(root, path, uid_, gid_)
-            self._mkdir(root, path, uid_, gid_, mode_, exist_ok=force)
+            try:
+                self._mkdir(root, path, uid_, gid_, mode_, exist_ok=force)
+            except GuestFileError as exc:
+                if exc.errno == errno.ENOTDIR and self._exists(root, path):
+                    raise GuestFileError(errno.EEXIST, f"{path}: exists, not a directory") from None
+                raise
             fd = self._open(root, path, os.O_PATH | os.O_DIRECTORY)
             try:
                 return _entry(path, os.fstat(fd), None)
@@ -364,7 +384,7 @@ class LocalVolumeFiles:
                 os.close(fd)
 
     def read_file(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             # O_PATH: nothing of the file is opened (a FIFO cannot block, a device node is
             # never touched) until fstat says it is a regular file.
@@ -411,7 +431,7 @@ class LocalVolumeFiles:
         target —, not a directory: EISDIR). The new content is written to an unnamed file
         in the same directory and put in place at once when complete: a cut body, an error
         or a full volume leave the old file as it was and nothing else behind."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_, gid_ = _check_id(uid, "uid"), _check_id(gid, "gid")
         mode_ = _check_mode(mode, DEFAULT_FILE_MODE)
         with self._root() as root:
@@ -480,7 +500,7 @@ class LocalVolumeFiles:
     ) -> VolumeEntry:
         """chmod and chown of the name itself, never of a symlink's target (a symlink's
         mode cannot be changed: EOPNOTSUPP; its owner can)."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_ = None if uid is None else _check_id(uid, "uid")
         gid_ = None if gid is None else _check_id(gid, "gid")
         mode_ = None if mode is None else _check_mode(mode, 0)
@@ -515,7 +535,7 @@ class LocalVolumeFiles:
                 return self._lstat(dir_fd, name, path)
 
     def remove(self, path: str) -> None:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             if path == "/":
                 raise GuestFileError(errno.EBUSY, "/: the volume's root cannot be removed")
