@@ -233,8 +233,8 @@ def _files(volume_id: str) -> VolumeFiles:
     return cast(VolumeRuntime, runtime).volume_files(volume_id)
 
 
-async def _volume(scope: Scope, volume_text: str) -> tuple[VolumeFiles, int, uuid.UUID]:
-    """The volume the request may reach (its files, its team), or a ContentError: 401 for
+async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:
+    """The volume the request may reach (its team, its id), or a ContentError: 401 for
     every way a token can fail, the volume's existence included."""
     from sandboxes.models import Volume
     from sandboxes.volumes import tokens
@@ -266,11 +266,7 @@ async def _volume(scope: Scope, volume_text: str) -> tuple[VolumeFiles, int, uui
             "request to that host's data plane",
             ((b"should-retry", b"false"),),
         )
-    try:
-        files = await streams.call(_files, str(volume_id))
-    except SandboxRuntimeError as exc:
-        raise content_error(exc, "/") from None
-    return files, team_id, volume_id
+    return team_id, volume_id
 
 
 # ------------------------------------------------------------------------ serving
@@ -292,12 +288,19 @@ async def content(scope: Scope, receive: Receive, send: Send) -> None:
                     f"method {method} is not allowed on {match['what']}",
                     ((b"allow", ", ".join(allowed).encode()),),
                 )
-            files, team_id, volume_id = await _volume(scope, match["id"])
+            team_id, volume_id = await _volume(scope, match["id"])
         except ContentError:
             await _drain(receive)
             raise
+        # From here every thread is the volume's and its team's (with its sandboxes): even
+        # the storage's lookup, which may wait for a create or delete of the volume.
         shared = streams.share(streams.Share(f"volume:{volume_id}", f"team:{team_id}"))
         try:
+            try:
+                files = await _call("/", _files, str(volume_id))
+            except ContentError:
+                await _drain(receive)
+                raise
             await _route(scope, receive, send, files, match["what"], method)
         finally:
             streams.unshare(shared)

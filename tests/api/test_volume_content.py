@@ -11,6 +11,7 @@ import io
 import json
 import os
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -507,6 +508,21 @@ def test_a_stalled_upload_is_408_and_leaves_the_old_file(site: Site, vol: Vol) -
     assert IDLE - 0.5 < time.monotonic() - started < IDLE + 5
     assert site.http.get(f"{base}/file", params={"path": "/keep"}, headers=h).content == b"old"
     assert sorted(os.listdir(vol.dir)) == ["keep"]
+
+
+def test_missing_storage_is_503_and_an_unmounted_volume_is_mounted_again(site: Site) -> None:
+    (v,) = site.volumes(1, size_mb=8)
+    base, params, h = f"/volumecontent/{v.id}/path", {"path": "/"}, v.auth()
+    image = v.dir.parent / "volume.img"
+    subprocess.run(["umount", str(v.dir)], check=True)
+    image.rename(image.with_name("elsewhere.img"))
+    try:
+        assert "storage" in error(site.http.get(base, params=params, headers=h), 503)
+    finally:
+        image.with_name("elsewhere.img").rename(image)
+    # The next call mounts it again (as after a host reboot).
+    assert site.http.get(base, params=params, headers=h).status_code == 200
+    assert os.path.ismount(v.dir)
 
 
 def test_a_full_volume_is_507_and_keeps_the_old_file(site: Site) -> None:
