@@ -6,6 +6,7 @@ and the data plane's memory through a 100 MiB round trip."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Volume
+from e2b import AsyncVolume, Volume
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
@@ -199,6 +200,25 @@ def test_the_sdk_round_trip(vol: Vol) -> None:
         v.get_info("/a")
     # On the host: stored with the ids asked for, in the volume's own file system.
     assert os.stat(vol.dir / "hello.txt").st_uid == 0
+
+
+def test_the_async_sdk_round_trip(vol: Vol) -> None:
+    async def main() -> None:
+        v = AsyncVolume(volume_id=vol.id, name=vol.name, token=vol.token)
+        entry = await v.write_file("/async/a.txt", b"async bytes", force=True, mode=0o600)
+        assert (entry.path, entry.size, entry.mode, entry.uid) == ("/async/a.txt", 11, 0o600, 1000)
+        assert await v.read_file("/async/a.txt", format="bytes") == b"async bytes"
+        got = b""
+        async for chunk in await v.read_file("/async/a.txt", format="stream"):
+            got += chunk
+        assert got == b"async bytes"
+        assert [e.name for e in await v.list("/async")] == ["a.txt"]
+        assert await v.exists("/async/a.txt") and not await v.exists("/async/b.txt")
+        await v.remove("/async")
+        with pytest.raises(VolumePathNotFoundException):
+            await v.read_file("/async/a.txt")
+
+    asyncio.run(main())
 
 
 def test_a_wrong_token_is_an_authentication_error_in_the_sdk(vol: Vol, vols: list[Vol]) -> None:
