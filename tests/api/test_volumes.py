@@ -11,9 +11,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models import RestrictedError
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from e2bfacade.runtime.base import LimitExceeded
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.volumes import VolumeNotFound
 from idempotency import claims as idempotency_claims
@@ -24,6 +26,7 @@ from sandboxes.volumes import tokens
 from tests.api.helpers import assert_error
 from tests.idempotency.conftest import Crash
 from tests.runtime.helpers import run
+from tests.support.factories import SandboxFactory
 from tests.support.runtime_support import kill_everything
 
 State = Volume.State
@@ -511,3 +514,33 @@ def test_a_snapshot_or_a_fork_of_a_sandbox_does_not_carry_its_volumes(
     fork_id = fork["sandbox"]["sandboxID"]
     assert api_client.get(f"/sandboxes/{fork_id}").json()["volumeMounts"] == []
     assert runtime.volume_users(str(Volume.objects.get(name="kept-out").pk)) == {source, named}
+
+
+def test_deleting_a_team_removes_its_volumes_and_mount_records(team: Any) -> None:
+    volume = Volume.objects.create(team=team, name="t", size_mb=8, state=State.READY)
+    sandbox = SandboxFactory.create(team=team)
+    SandboxVolumeMount.objects.create(sandbox=sandbox, volume=volume, path="/t")
+    with pytest.raises(RestrictedError):
+        volume.delete()  # never while a mount names it
+    team.delete()
+    assert not Volume.objects.exists() and not SandboxVolumeMount.objects.exists()
+
+
+def test_a_create_the_runtime_refuses_leaves_no_row_no_storage_and_releases_its_key(
+    api_client: APIClient, runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = runtime.create_volume
+
+    def half_made(volume_id: str, size_mb: int) -> Any:
+        real(volume_id, size_mb)  # the storage is made, then the runtime fails
+        raise LimitExceeded("the host's disk cannot hold another volume")
+
+    monkeypatch.setattr(runtime, "create_volume", half_made)
+    key = str(uuid.uuid4())
+    body = assert_error(create_volume(api_client, "refused", key=key), 503)
+    assert "the host's disk cannot hold another volume" in body["message"]
+    assert not Volume.objects.exists()
+    assert not IdempotencyRecord.objects.exists()
+    assert not [p for p in (runtime.root / "volumes").iterdir() if not p.name.startswith(".")]
+    monkeypatch.setattr(runtime, "create_volume", real)
+    assert create_volume(api_client, "refused", key=key).status_code == 201

@@ -6,7 +6,10 @@ Layout::
     volumes/<id>/volume.img   a sparse ext4 image of the volume's size limit (0600)
     volumes/<id>/data/        where it is mounted on the host (nodev, nosuid, noatime)
 
-Directories are root's, 0700. The file system's root directory is owned by the guest's
+Directories are root's, 0700. Locks: a volume's (``volume``) is held shared by each create
+or boot that mounts it until the sandbox's record names it, and exclusively by its create,
+its delete and :meth:`VolumeStore.release`; its mount lock (``volume-mount``), taken after
+it, serialises the host mount and unmount. The file system's root directory is owned by the guest's
 ``user`` (1000:1000 on disk), 0755: files in a volume are stored with *guest* ids, as image
 layers are, and each sandbox's mount maps them into its own id range (launcher/c/launch.c).
 A guest, or the content API, that fills a volume meets ENOSPC (bytes or inodes); the host's
@@ -97,19 +100,27 @@ class VolumeStore:
                     with contextlib.suppress(OSError):
                         trees.remove_tree(tmp)
                     raise
-            self._ensure_mounted_locked(volume_id)
+            self._mount_now(volume_id)
             return self._info(volume_id)
 
     def ensure_mounted(self, volume_id: str) -> Path:
-        """The volume's host mount point, mounted (lazily, once, under its lock). Raises
-        VolumeNotFound when there is no such volume."""
+        """The volume's host mount point, mounted (lazily, once, under its mount lock: a
+        caller may hold the volume's lock, shared or not). Raises VolumeNotFound when
+        there is no such volume."""
         mount_point = self.mount_point(volume_id)
         if os.path.ismount(mount_point):
             return mount_point
-        with self.layout.locked("volume", volume_id):
-            return self._ensure_mounted_locked(volume_id)
+        return self._mount_now(volume_id)
 
-    def _ensure_mounted_locked(self, volume_id: str) -> Path:
+    def _mount_now(self, volume_id: str) -> Path:
+        with self.layout.locked("volume-mount", volume_id):
+            return self._mount(volume_id)
+
+    def _unmount(self, volume_id: str, mount_point: Path) -> None:
+        with self.layout.locked("volume-mount", volume_id):
+            disks.unmount(mount_point)
+
+    def _mount(self, volume_id: str) -> Path:
         d = self.dir_of(volume_id)
         if not (d / IMAGE).exists():
             raise VolumeNotFound(f"volume {volume_id} does not exist")
@@ -135,8 +146,9 @@ class VolumeStore:
             return False
         existed = (d / IMAGE).exists()
         tomb = self.root / f".{volume_id}.{secrets.token_hex(4)}.deleting"
-        disks.unmount(d / MOUNT)
-        os.rename(d, tomb)
+        with self.layout.locked("volume-mount", volume_id):
+            disks.unmount(d / MOUNT)
+            os.rename(d, tomb)
         bury(tomb)
         return existed
 
@@ -145,7 +157,7 @@ class VolumeStore:
         lets go; the loop device then detaches itself). The next use mounts it again."""
         for volume_id in self.ids():
             with self.layout.locked("volume", volume_id):
-                disks.unmount(self.mount_point(volume_id))
+                self._unmount(volume_id, self.mount_point(volume_id))
         for tomb in self.root.glob(".*.deleting"):
             bury(tomb)
         for new in self.root.glob(".*.new"):  # a create a crash cut short
