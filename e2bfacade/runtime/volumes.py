@@ -69,7 +69,9 @@ class VolumeEntry:
 
 class VolumeFiles(Protocol):
     """The content of one volume, as E2B's volume content API reaches it. Paths are
-    absolute within the volume (``/`` is its root). ``uid``/``gid`` None: root (0)."""
+    absolute within the volume (``/`` is its root). ``uid``/``gid`` None: the guest's
+    ``user`` (1000), who owns the volume's root, so a sandbox's ``user`` may change what the
+    content API made."""
 
     def stat(self, path: str) -> VolumeEntry: ...
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import re
 import uuid
 from datetime import UTC, datetime
@@ -45,7 +46,9 @@ from sandboxes.dataplane.files import (
     query_of,
     respond,
 )
-from sandboxes.dataplane.target import cut_connection, header
+from sandboxes.dataplane.target import StreamCut, cut_connection, header
+
+log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Any
@@ -230,8 +233,8 @@ def _files(volume_id: str) -> VolumeFiles:
     return cast(VolumeRuntime, runtime).volume_files(volume_id)
 
 
-async def _volume(scope: Scope, volume_text: str) -> tuple[VolumeFiles, int, uuid.UUID]:
-    """The volume the request may reach (its files, its team), or a ContentError: 401 for
+async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:
+    """The volume the request may reach (its team, its id), or a ContentError: 401 for
     every way a token can fail, the volume's existence included."""
     from sandboxes.models import Volume
     from sandboxes.volumes import tokens
@@ -263,11 +266,7 @@ async def _volume(scope: Scope, volume_text: str) -> tuple[VolumeFiles, int, uui
             "request to that host's data plane",
             ((b"should-retry", b"false"),),
         )
-    try:
-        files = await streams.call(_files, str(volume_id))
-    except SandboxRuntimeError as exc:
-        raise content_error(exc, "/") from None
-    return files, team_id, volume_id
+    return team_id, volume_id
 
 
 # ------------------------------------------------------------------------ serving
@@ -289,12 +288,19 @@ async def content(scope: Scope, receive: Receive, send: Send) -> None:
                     f"method {method} is not allowed on {match['what']}",
                     ((b"allow", ", ".join(allowed).encode()),),
                 )
-            files, team_id, volume_id = await _volume(scope, match["id"])
+            team_id, volume_id = await _volume(scope, match["id"])
         except ContentError:
             await _drain(receive)
             raise
+        # From here every thread is the volume's and its team's (with its sandboxes): even
+        # the storage's lookup, which may wait for a create or delete of the volume.
         shared = streams.share(streams.Share(f"volume:{volume_id}", f"team:{team_id}"))
         try:
+            try:
+                files = await _call("/", _files, str(volume_id))
+            except ContentError:
+                await _drain(receive)
+                raise
             await _route(scope, receive, send, files, match["what"], method)
         finally:
             streams.unshare(shared)
@@ -303,6 +309,12 @@ async def content(scope: Scope, receive: Receive, send: Send) -> None:
         await respond(send, 429, error_body(429, exc.message))
     except ContentError as exc:
         await _answer(send, exc)
+    except StreamCut as cut:
+        if not cut.reset:
+            raise  # only the server can drop this connection
+        # Expected (the client stopped reading, or the file could not be read on): the
+        # client has seen the reset, and there is nothing to report but the reason.
+        log.info("data plane: cut a volume content stream: %s", cut)
 
 
 async def _answer(send: Send, exc: ContentError) -> None:

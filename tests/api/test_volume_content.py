@@ -6,11 +6,13 @@ and the data plane's memory through a 100 MiB round trip."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
 import os
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Volume
+from e2b import AsyncVolume, Volume
 from e2b.exceptions import (
     AuthenticationException,
     NotFoundException,
@@ -53,6 +55,7 @@ print("VOLS " + json.dumps(out))
 """
 
 MiB = 1 << 20
+IDLE = 2  # the data plane's DATAPLANE_BODY_IDLE_SECONDS here
 
 
 class Vol:
@@ -113,7 +116,7 @@ class Site:
 def site() -> Iterator[Site]:
     with Deployment(teams=2, prefix="e2bv") as deployment:
         server = Server(
-            deployment.env,
+            {**deployment.env, "DATAPLANE_BODY_IDLE_SECONDS": str(IDLE)},
             deployment.tmp / "server.log",
             workers=1,
             dataplane_workers=1,  # one process: its memory is the data plane's
@@ -185,8 +188,8 @@ def test_the_sdk_round_trip(vol: Vol) -> None:
     assert v.exists("/a/b") and not v.exists("/nope")
     assert [e.path for e in v.list("/")] == ["/a", "/hello.txt"]
     assert [e.path for e in v.list("/a", depth=3)] == ["/a/b", "/a/b/c", "/a/b/c/f.bin"]
-    updated = v.update_metadata("/hello.txt", uid=1000, mode=0o640)
-    assert (updated.uid, updated.gid, updated.mode) == (1000, 0, 0o640)
+    updated = v.update_metadata("/hello.txt", uid=0, mode=0o640)
+    assert (updated.uid, updated.gid, updated.mode) == (0, 1000, 0o640)
     v.remove("/a")
     assert not v.exists("/a")
     with pytest.raises(VolumePathNotFoundException):
@@ -196,7 +199,26 @@ def test_the_sdk_round_trip(vol: Vol) -> None:
     with pytest.raises(NotFoundException):
         v.get_info("/a")
     # On the host: stored with the ids asked for, in the volume's own file system.
-    assert os.stat(vol.dir / "hello.txt").st_uid == 1000
+    assert os.stat(vol.dir / "hello.txt").st_uid == 0
+
+
+def test_the_async_sdk_round_trip(vol: Vol) -> None:
+    async def main() -> None:
+        v = AsyncVolume(volume_id=vol.id, name=vol.name, token=vol.token)
+        entry = await v.write_file("/async/a.txt", b"async bytes", force=True, mode=0o600)
+        assert (entry.path, entry.size, entry.mode, entry.uid) == ("/async/a.txt", 11, 0o600, 1000)
+        assert await v.read_file("/async/a.txt", format="bytes") == b"async bytes"
+        got = b""
+        async for chunk in await v.read_file("/async/a.txt", format="stream"):
+            got += chunk
+        assert got == b"async bytes"
+        assert [e.name for e in await v.list("/async")] == ["a.txt"]
+        assert await v.exists("/async/a.txt") and not await v.exists("/async/b.txt")
+        await v.remove("/async")
+        with pytest.raises(VolumePathNotFoundException):
+            await v.read_file("/async/a.txt")
+
+    asyncio.run(main())
 
 
 def test_a_wrong_token_is_an_authentication_error_in_the_sdk(vol: Vol, vols: list[Vol]) -> None:
@@ -213,7 +235,7 @@ def test_each_route_status_and_shape(site: Site, vol: Vol) -> None:
     base, h = f"/volumecontent/{vol.id}", vol.auth()
     r = site.http.put(f"{base}/file", params={"path": "/f.txt"}, content=b"data", headers=h)
     assert r.status_code == 201 and set(r.json()) == STAT_FIELDS, r.text
-    assert r.json()["type"] == "file" and r.json()["mode"] == 0o644 and r.json()["uid"] == 0
+    assert r.json()["type"] == "file" and r.json()["mode"] == 0o644 and r.json()["uid"] == 1000
     assert r.json()["mtime"].endswith("Z")
     r = site.http.get(f"{base}/file", params={"path": "/f.txt"}, headers=h)
     assert (r.status_code, r.content, r.headers["content-type"]) == (
@@ -397,6 +419,13 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field} for {pid}")
 
 
+def read_chars(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no rchar for {pid}")
+
+
 def test_a_sparse_terabyte_is_streamed_with_bounded_memory(site: Site, vol: Vol) -> None:
     """Decided: a sparse file is streamed like any other (it is the volume's content), in
     chunks, and stops being read when the client goes away."""
@@ -414,7 +443,11 @@ def test_a_sparse_terabyte_is_streamed_with_bounded_memory(site: Site, vol: Vol)
             if got >= 64 * MiB:
                 break
     assert rss_kib(pid) - before < 32 * 1024
-    # The reading stopped with the client: the volume's share is free for the next call.
+    # The reading stopped with the client: the data plane reads (almost) nothing more.
+    time.sleep(0.5)
+    first = read_chars(pid)
+    time.sleep(1)
+    assert read_chars(pid) - first < 8 * MiB
     r = site.http.get(
         f"/volumecontent/{vol.id}/path", params={"path": "/sparse"}, headers=vol.auth()
     )
@@ -472,6 +505,44 @@ def test_a_cut_upload_leaves_the_old_file(site: Site, vol: Vol) -> None:
         time.sleep(0.1)
     assert site.http.get(f"{base}/file", params={"path": "/keep"}, headers=h).content == b"old"
     assert sorted(os.listdir(vol.dir)) == ["keep"]
+
+
+def test_a_stalled_upload_is_408_and_leaves_the_old_file(site: Site, vol: Vol) -> None:
+    base, h = f"/volumecontent/{vol.id}", vol.auth()
+    site.http.put(f"{base}/file", params={"path": "/keep"}, content=b"old", headers=h)
+    host, port = site.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=IDLE + 10) as conn:
+        started = time.monotonic()
+        conn.sendall(
+            f"PUT {base}/file?path=/keep&force=true HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {vol.token}\r\nContent-Length: 1000000\r\n\r\n".encode()
+            + b"n" * 1000
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = conn.recv(4096)
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert IDLE - 0.5 < time.monotonic() - started < IDLE + 5
+    assert site.http.get(f"{base}/file", params={"path": "/keep"}, headers=h).content == b"old"
+    assert sorted(os.listdir(vol.dir)) == ["keep"]
+
+
+def test_missing_storage_is_503_and_an_unmounted_volume_is_mounted_again(site: Site) -> None:
+    (v,) = site.volumes(1, size_mb=8)
+    base, params, h = f"/volumecontent/{v.id}/path", {"path": "/"}, v.auth()
+    image = v.dir.parent / "volume.img"
+    subprocess.run(["umount", str(v.dir)], check=True)
+    image.rename(image.with_name("elsewhere.img"))
+    try:
+        assert "storage" in error(site.http.get(base, params=params, headers=h), 503)
+    finally:
+        image.with_name("elsewhere.img").rename(image)
+    # The next call mounts it again (as after a host reboot).
+    assert site.http.get(base, params=params, headers=h).status_code == 200
+    assert os.path.ismount(v.dir)
 
 
 def test_a_full_volume_is_507_and_keeps_the_old_file(site: Site) -> None:

@@ -107,6 +107,10 @@ def test_force_semantics_as_e2b(vol: LocalVolumeFiles) -> None:
     made = vol.make_dir("/x/y", force=True, uid=1000, gid=1000, mode=0o700)
     assert (made.uid, made.gid, made.mode) == (1000, 1000, 0o700)
     assert errno_of(vol.make_dir, "/a.txt/sub", force=True) == errno.ENOTDIR
+    assert errno_of(vol.make_dir, "/a.txt", force=True) == errno.EEXIST
+    # Relative paths are under the root, and "~" is a name like any other.
+    assert vol.write_file("~", [b"tilde"]).path == "/~"
+    assert vol.stat("dir").path == "/dir"
 
 
 def test_ids_and_modes_are_bounded(vol: LocalVolumeFiles) -> None:
@@ -117,6 +121,9 @@ def test_ids_and_modes_are_bounded(vol: LocalVolumeFiles) -> None:
     # Only the permission bits are applied (E2B's os.ModePerm): no setuid file.
     entry = vol.write_file("/f", [b""], mode=0o4755)
     assert entry.mode == 0o755
+    # Without ids: the guest's user (who owns the volume's root), as a sandbox's user writes.
+    assert (entry.uid, entry.gid) == (1000, 1000)
+    assert (vol.make_dir("/g").uid, vol.make_dir("/h", uid=0).gid) == (1000, 1000)
     updated = vol.update("/f", uid=1000, gid=1001, mode=0o600)
     assert (updated.uid, updated.gid, updated.mode) == (1000, 1001, 0o600)
     assert errno_of(vol.update, "/f", uid=70000) == errno.EINVAL

@@ -41,8 +41,18 @@ from e2bfacade.runtime.volumes import VolumeEntry, VolumeNotFound
 MAX_DEPTH = 10  # the deepest list_dir (E2B's bound)
 MAX_ENTRIES = 100_000  # a listing holds at most this many entries (the answer is held whole)
 MAX_ID = 65535  # guest ids: the sandboxes' id maps cover 0..65535
+# Without uid/gid: the guest's ``user``, who owns the volume's root, so that what the content
+# API makes a sandbox's ``user`` may change too (E2B makes it writable to every user: id
+# 9090, modes 0666/0777).
+DEFAULT_ID = 1000
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
+
+
+def _norm(path: str) -> str:
+    """An absolute, normalised path in the volume (a relative one is under its root, as
+    E2B's: ``~`` is a name like any other; ``..`` stops at the root)."""
+    return guest_path(path if path.startswith("/") else f"/{path}", "/")
 
 
 def _error(exc: OSError, path: str) -> GuestFileError:
@@ -51,7 +61,7 @@ def _error(exc: OSError, path: str) -> GuestFileError:
 
 def _check_id(value: int | None, what: str) -> int:
     if value is None:
-        return 0
+        return DEFAULT_ID
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise GuestFileError(errno.EINVAL, f"{what} must be between 0 and {MAX_ID}")
     return value
@@ -221,6 +231,15 @@ class LocalVolumeFiles:
         finally:
             os.close(fd)
 
+    def _exists(self, root: int, path: str) -> bool:
+        """Whether ``path`` names anything (its last component not followed)."""
+        try:
+            with self._parent(root, path) as (dir_fd, name):
+                os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                return True
+        except (GuestFileError, OSError):
+            return False
+
     @staticmethod
     def _lstat(dir_fd: int, name: str, path: str) -> VolumeEntry:
         try:
@@ -272,7 +291,7 @@ class LocalVolumeFiles:
 
     # ------------------------------------------------------------------ operations
     def stat(self, path: str) -> VolumeEntry:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             if path == "/":
                 return _entry("/", os.fstat(root), None)
@@ -280,7 +299,7 @@ class LocalVolumeFiles:
                 return self._lstat(dir_fd, name, path)
 
     def list_dir(self, path: str, depth: int = 1) -> list[VolumeEntry]:
-        path = guest_path(path, "/")
+        path = _norm(path)
         if not 1 <= depth <= MAX_DEPTH:
             raise GuestFileError(errno.EINVAL, f"depth must be between 1 and {MAX_DEPTH}")
         out: list[VolumeEntry] = []
@@ -342,7 +361,7 @@ class LocalVolumeFiles:
     ) -> VolumeEntry:
         """As E2B: ``force`` makes the missing parents and accepts a directory already
         there (left as it is); without it, anything there is EEXIST."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_, gid_ = _check_id(uid, "uid"), _check_id(gid, "gid")
         mode_ = _check_mode(mode, DEFAULT_DIR_MODE)
         with self._root() as root:
@@ -352,7 +371,12 @@ class LocalVolumeFiles:
                 return _entry("/", os.fstat(root), None)
             if force:
                 self._make_parents(root, path, uid_, gid_)
-            self._mkdir(root, path, uid_, gid_, mode_, exist_ok=force)
+            try:
+                self._mkdir(root, path, uid_, gid_, mode_, exist_ok=force)
+            except GuestFileError as exc:
+                if exc.errno == errno.ENOTDIR and self._exists(root, path):
+                    raise GuestFileError(errno.EEXIST, f"{path}: exists, not a directory") from None
+                raise
             fd = self._open(root, path, os.O_PATH | os.O_DIRECTORY)
             try:
                 return _entry(path, os.fstat(fd), None)
@@ -360,7 +384,7 @@ class LocalVolumeFiles:
                 os.close(fd)
 
     def read_file(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             # O_PATH: nothing of the file is opened (a FIFO cannot block, a device node is
             # never touched) until fstat says it is a regular file.
@@ -407,7 +431,7 @@ class LocalVolumeFiles:
         target —, not a directory: EISDIR). The new content is written to an unnamed file
         in the same directory and put in place at once when complete: a cut body, an error
         or a full volume leave the old file as it was and nothing else behind."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_, gid_ = _check_id(uid, "uid"), _check_id(gid, "gid")
         mode_ = _check_mode(mode, DEFAULT_FILE_MODE)
         with self._root() as root:
@@ -476,7 +500,7 @@ class LocalVolumeFiles:
     ) -> VolumeEntry:
         """chmod and chown of the name itself, never of a symlink's target (a symlink's
         mode cannot be changed: EOPNOTSUPP; its owner can)."""
-        path = guest_path(path, "/")
+        path = _norm(path)
         uid_ = None if uid is None else _check_id(uid, "uid")
         gid_ = None if gid is None else _check_id(gid, "gid")
         mode_ = None if mode is None else _check_mode(mode, 0)
@@ -511,7 +535,7 @@ class LocalVolumeFiles:
                 return self._lstat(dir_fd, name, path)
 
     def remove(self, path: str) -> None:
-        path = guest_path(path, "/")
+        path = _norm(path)
         with self._root() as root:
             if path == "/":
                 raise GuestFileError(errno.EBUSY, "/: the volume's root cannot be removed")
