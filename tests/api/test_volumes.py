@@ -19,6 +19,7 @@ from e2bfacade.runtime.base import LimitExceeded
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.volumes import VolumeNotFound
 from idempotency import claims as idempotency_claims
+from idempotency import maintenance
 from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox, SandboxVolumeMount, Volume
 from sandboxes.volumes import services as volume_services
@@ -544,3 +545,21 @@ def test_a_create_the_runtime_refuses_leaves_no_row_no_storage_and_releases_its_
     assert not [p for p in (runtime.root / "volumes").iterdir() if not p.name.startswith(".")]
     monkeypatch.setattr(runtime, "create_volume", real)
     assert create_volume(api_client, "refused", key=key).status_code == 201
+
+
+def test_the_worker_finishes_a_keyed_create_whose_client_never_retried(
+    api_client: APIClient, monkeypatch: pytest.MonkeyPatch, runtime: LocalRuntime
+) -> None:
+    key = str(uuid.uuid4())
+    arm_crash(monkeypatch, "after_claim")
+    with pytest.raises(Crash):
+        create_volume(api_client, "abandoned", key=key)
+    record = IdempotencyRecord.objects.get(key=key)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert record.pk in maintenance.drive_abandoned()
+    assert Volume.objects.get(pk=record.resource_id).state == State.READY
+    assert has_storage(runtime, record.resource_id)
+    replay = create_volume(api_client, "abandoned", key=key)
+    assert replay.status_code == 201 and replay.json()["volumeID"] == record.resource_id
