@@ -86,15 +86,13 @@ class VolumeStore:
                     disks.format_image(tmp / IMAGE, size_mb, root_owner=GUEST_USER)
                     # Its first mount, to make it as a guest meets it: no lost+found (e2fsck
                     # makes one again when a crash left it to repair), the root 0755.
+                    # It stays mounted through the rename (a mount moves with its parent).
                     disks.mount_image(tmp / IMAGE, tmp / MOUNT, NO_SUBDIRS)
-                    try:
-                        (tmp / MOUNT / "lost+found").rmdir()
-                        os.chmod(tmp / MOUNT, 0o755)
-                    finally:
-                        disks.unmount(tmp / MOUNT)
-                    with contextlib.suppress(FileNotFoundError):
+                    (tmp / MOUNT / "lost+found").rmdir()
+                    os.chmod(tmp / MOUNT, 0o755)
+                    with self.layout.locked("volume-mount", volume_id):
                         trees.remove_tree(d)  # a directory with no image: nothing of anyone
-                    os.rename(tmp, d)
+                        os.rename(tmp, d)
                 except BaseException:
                     disks.unmount(tmp / MOUNT)
                     with contextlib.suppress(OSError):
