@@ -454,6 +454,33 @@ def test_a_sparse_terabyte_is_streamed_with_bounded_memory(site: Site, vol: Vol)
     assert r.status_code == 200 and r.json()["size"] == 1 << 40
 
 
+def test_a_reader_that_stops_reading_is_cut(site: Site, vol: Vol) -> None:
+    with open(vol.dir / "endless", "wb") as f:
+        f.truncate(1 << 40)
+    host, port = site.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        conn.sendall(
+            f"GET /volumecontent/{vol.id}/file?path=/endless HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {vol.token}\r\n\r\n".encode()
+        )
+        assert conn.recv(64).startswith(b"HTTP/1.1 200")
+        time.sleep(IDLE + 3)  # reads nothing: the data plane's send stalls, then it cuts
+        got, ended = 0, False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                data = conn.recv(1 << 20)
+            except ConnectionResetError:
+                ended = True
+                break
+            if not data:
+                ended = True
+                break
+            got += len(data)
+    assert ended and got < 256 * MiB, got
+
+
 def test_100_mib_round_trip_keeps_the_data_plane_small(site: Site, vol: Vol) -> None:
     base, h = f"/volumecontent/{vol.id}", vol.auth()
     pid = site.dataplane_pid()
