@@ -1,7 +1,9 @@
-"""Read-only admin for sandboxes: find one by id or metadata, see its state and times, follow
-it to its idempotency record. State changes only through the services (a row edited here
-would disagree with the runtime), so the one write is the "kill" action, which calls
-``sandbox_kill`` exactly as ``DELETE /sandboxes/{id}`` does."""
+"""Read-only admin for sandboxes and volumes: find a sandbox by id or metadata, see its state
+and times, follow it to its idempotency record; see a volume's size limit, what it uses and
+which live sandboxes mount it. State changes only through the services (a row edited here
+would disagree with the runtime), so the writes are actions: "kill", which calls
+``sandbox_kill`` exactly as ``DELETE /sandboxes/{id}`` does, and a volume's "revoke
+tokens"."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ from django.db.models.functions import Cast
 from django.db.models.lookups import IContains
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from e2bfacade.errors import ApiError, NotFound
+from e2bfacade.runtime.base import SandboxRuntimeError
 from idempotency.admin import record_link
 from sandboxes import services
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, Volume
+from sandboxes.volumes import services as volume_services
 from templates.models import Template
 
 # The detail page, all read-only. envd_access_token and env_vars' values are the sandbox
@@ -151,6 +155,87 @@ class SandboxAdmin(admin.ModelAdmin[Sandbox]):
         # Django's own change permission (superusers have it), not has_change_permission
         # below, which is off so that no form can edit a row.
         return request.user.has_perm("sandboxes.change_sandbox")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+VOLUME_FIELDS = (
+    "volume_id",
+    "name",
+    "team",
+    "state",
+    "size_mb",
+    "used",
+    "mounted_by",
+    "host",
+    "token_epoch",
+    "idempotency_record",
+    "created_at",
+    "state_changed_at",
+)
+
+
+@admin.register(Volume)
+class VolumeAdmin(admin.ModelAdmin[Volume]):
+    list_display = ["name", "volume_id", "team", "state", "size_mb", "host", "created_at"]
+    list_filter = ["state", "host", "team"]
+    list_select_related = ["team"]
+    search_fields = ["name", "volume_id"]
+    search_help_text = "A volume's name or id."
+    ordering = ["-created_at"]
+    actions = ["revoke_tokens"]
+    fields = VOLUME_FIELDS
+    readonly_fields = VOLUME_FIELDS
+
+    @admin.display(description="used")
+    def used(self, obj: Volume) -> str:
+        """What its file system holds, from the runtime (this host's volumes only)."""
+        try:
+            volume_services.check_volume_host(obj)
+            info = volume_services.volume_runtime().volume_info(obj.runtime_id)
+        except ApiError as exc:
+            return f"— ({exc.message})"
+        except (SandboxRuntimeError, OSError) as exc:
+            return f"— (the runtime cannot say: {exc})"
+        return f"{info.used_bytes / (1 << 20):.1f} MB of {info.size_mb} MB"
+
+    @admin.display(description="mounted by (sandboxes not killed)")
+    def mounted_by(self, obj: Volume) -> SafeString | str:
+        mounts = obj.live_mounts().order_by("sandbox_id").values_list("sandbox_id", "path")[:100]
+        if not mounts:
+            return "—"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a> at {}',
+            (
+                (reverse("admin:sandboxes_sandbox_change", args=[sid]), sid, path)
+                for sid, path in mounts
+            ),
+        )
+
+    @admin.display(description="idempotency record")
+    def idempotency_record(self, obj: Volume) -> SafeString | str:
+        return record_link(team_id=obj.team_id, resource_id=str(obj.volume_id))
+
+    @admin.action(description="Revoke the selected volumes' tokens", permissions=["revoke"])
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Volume]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        count = volume_services.volume_revoke_tokens(volume_ids=ids)
+        self.message_user(
+            request,
+            f"Revoked every token of {count} volume(s): GET /volumes/{{id}} mints new ones.",
+            messages.SUCCESS,
+        )
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("sandboxes.change_volume")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -8,6 +8,7 @@ class SandboxesConfig(AppConfig):
     def ready(self) -> None:
         from e2bfacade.observability import register_scrape_collector
         from sandboxes import idempotent  # noqa: F401  (registers the sandbox create operations)
-        from sandboxes.observability import SANDBOX_STATES
+        from sandboxes.observability import SANDBOX_STATES, VOLUME_STATES
 
         register_scrape_collector(SANDBOX_STATES)
+        register_scrape_collector(VOLUME_STATES)

@@ -16,6 +16,7 @@ from idempotency.registry import Operation, register
 from sandboxes import services
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.serializers import SandboxSerializer, create_request_from
+from sandboxes.volumes import idempotent as volume_idempotent  # noqa: F401  (POST /volumes)
 
 CREATE_V2 = "POST /v2/sandboxes"
 CREATE_V1 = "POST /sandboxes"

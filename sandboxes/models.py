@@ -20,6 +20,7 @@ from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
 # E2B reports the client (edge node) id; this host is the one client.
@@ -177,6 +178,9 @@ class Volume(models.Model):
     # Tokens name the epoch they were minted in; raising it revokes every earlier token.
     token_epoch = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the current state was entered: the worker finishes a create or a delete whose
+    # process died mid-way once it has been still this long (sandboxes/volumes/services.py).
+    state_changed_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
@@ -189,3 +193,32 @@ class Volume(models.Model):
     @property
     def runtime_id(self) -> str:
         return str(self.volume_id)
+
+    def live_mounts(self) -> models.QuerySet[SandboxVolumeMount]:
+        """The mounts of this volume by sandboxes that are not killed (creating, running,
+        paused and every transition between count: each may have it mounted)."""
+        return SandboxVolumeMount.objects.filter(volume_id=self.volume_id).exclude(
+            sandbox__state=Sandbox.State.KILLED
+        )
+
+
+class SandboxVolumeMount(models.Model):
+    """A volume a sandbox mounts, at ``path`` in the guest: written with the sandbox's row
+    (the same transaction), kept after its kill as the record of what it mounted. "Is this
+    volume mounted by a live sandbox" is one query on the volume's index joined to the
+    sandbox's primary key (``Volume.mounted_by_live``)."""
+
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="volume_mounts")
+    # RESTRICT rather than PROTECT: a volume cannot be deleted while a mount names it (its
+    # delete removes the mounts of killed sandboxes first), yet deleting a team, which
+    # cascades to both its sandboxes and its volumes, is not refused.
+    volume = models.ForeignKey(Volume, on_delete=models.RESTRICT, related_name="mounts")
+    path = models.CharField(max_length=4096)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["sandbox", "path"], name="sandbox_mount_path_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.volume_id} at {self.path} in {self.sandbox_id}"

@@ -1,4 +1,5 @@
-"""The sandboxes app's part of ``/metrics``: ``e2bfacade_sandboxes_by_state``.
+"""The sandboxes app's part of ``/metrics``: ``e2bfacade_sandboxes_by_state``,
+``e2bfacade_volumes_by_state`` and ``e2bfacade_volumes_allocated_mb``.
 
 Here rather than in ``e2bfacade/observability.py`` because it reads this app's table, and
 e2bfacade sits below every app: ``SandboxesConfig.ready()`` registers it through
@@ -11,11 +12,11 @@ import logging
 from collections.abc import Iterator
 
 from django.db import DatabaseError
-from django.db.models import Count
+from django.db.models import Count, Sum
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, Volume
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +49,42 @@ class SandboxStateCollector(Collector):
 
 
 SANDBOX_STATES = SandboxStateCollector()
+
+
+class VolumeStateCollector(Collector):
+    """``e2bfacade_volumes_by_state`` and ``e2bfacade_volumes_allocated_mb`` (the size limits
+    the volumes allocate on their hosts' disks), computed when scraped: one GROUP BY on the
+    volume table. By state only, as the sandboxes' gauge: a series per team would grow with
+    the teams (the admin's volume list filters by team)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            rows = {
+                state: (n, mb or 0)
+                for state, n, mb in Volume.objects.order_by()
+                .values_list("state")
+                .annotate(n=Count("*"), mb=Sum("size_mb"))
+                .values_list("state", "n", "mb")
+            }
+        except DatabaseError:
+            logger.warning("metrics: cannot count volumes by state", exc_info=True)
+            return
+        count = GaugeMetricFamily(
+            "e2bfacade_volumes_by_state",
+            "Volumes in the database by state (creating and deleting ones are in flight).",
+            labels=["state"],
+        )
+        allocated = GaugeMetricFamily(
+            "e2bfacade_volumes_allocated_mb",
+            "The size limits of the volumes in the database, summed by state (MB).",
+            labels=["state"],
+        )
+        for state in Volume.State:
+            n, mb = rows.get(state.value, (0, 0))
+            count.add_metric([state.value], n)
+            allocated.add_metric([state.value], mb)
+        yield count
+        yield allocated
+
+
+VOLUME_STATES = VolumeStateCollector()

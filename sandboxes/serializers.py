@@ -22,9 +22,12 @@ from e2bfacade.fields import (
     StringMapField,
 )
 from e2bfacade.runtime.base import Capability
+from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX
 from e2bfacade.schema import NULLABLE_STRING
 from sandboxes.models import CLIENT_ID, Sandbox
 from sandboxes.services import CreateRequest
+from sandboxes.volumes.selectors import sandbox_volume_mounts
+from sandboxes.volumes.serializers import VolumeMountSerializer
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_REFRESH_SECONDS = 3600
@@ -179,7 +182,16 @@ class NewSandboxSerializer(NullMeansAbsent):
     )
     mcp = serializers.JSONField(required=False, allow_null=True)
     iam = serializers.JSONField(required=False, allow_null=True)
-    volumeMounts = serializers.JSONField(required=False, allow_null=True)
+    volumeMounts = serializers.ListField(
+        child=VolumeMountSerializer(), required=False, allow_null=True
+    )
+
+    def validate_volumeMounts(self, value: list[dict[str, str]] | None) -> Any:
+        if value and len(value) > MAX_MOUNTS_PER_SANDBOX:
+            raise serializers.ValidationError(
+                f"at most {MAX_MOUNTS_PER_SANDBOX} volume mounts per sandbox"
+            )
+        return value
 
     def validate_envVars(self, value: dict[str, str] | None) -> dict[str, str] | None:
         for name in value or {}:
@@ -252,6 +264,7 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         env_vars=body.get("envVars") or {},
         allow_internet=allow_internet(body.get("allow_internet_access")),
         network=body.get("network") or {},
+        volume_mounts=tuple((m["name"], m["path"]) for m in body.get("volumeMounts") or ()),
     )
 
 
@@ -435,6 +448,9 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     # Not E2B's (the SDKs ignore it): why the sandbox is paused when nobody asked for it (its
     # processes ended under it, so it was kept with its files); null otherwise.
     pauseReason = serializers.SerializerMethodField()
+    # The volumes its create named (a fork's and a snapshot's own mount none of their
+    # source's).
+    volumeMounts = serializers.SerializerMethodField()
 
     @extend_schema_field(serializers.CharField(help_text="SANDBOX_DOMAIN; never null"))
     def get_domain(self, obj: Sandbox) -> str:
@@ -454,6 +470,10 @@ class SandboxDetailSerializer(ListedSandboxSerializer):
     @extend_schema_field(NULLABLE_STRING)
     def get_pauseReason(self, obj: Sandbox) -> str | None:
         return (obj.state_reason or None) if obj.wire_state == "paused" else None
+
+    @extend_schema_field(VolumeMountSerializer(many=True))
+    def get_volumeMounts(self, obj: Sandbox) -> list[dict[str, Any]]:
+        return sandbox_volume_mounts(sandbox_id=obj.sandbox_id)
 
 
 class MetricSerializer(serializers.Serializer[dict[str, Any]]):

@@ -28,9 +28,10 @@ from e2bfacade.runtime.base import (
     SandboxRuntimeError,
     SandboxSpec,
 )
+from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.admission import host_capacity, sandbox_admit
-from sandboxes.models import Sandbox, new_access_token, new_sandbox_id
+from sandboxes.models import Sandbox, SandboxVolumeMount, new_access_token, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
     KILL,
@@ -44,6 +45,7 @@ from sandboxes.transitions import (
     transition_claim,
     transition_finish,
 )
+from sandboxes.volumes.services import volume_mounts_resolve
 from templates.builds import tags
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class CreateRequest:
     env_vars: dict[str, str] = field(default_factory=dict)
     allow_internet: bool = False
     network: dict[str, Any] = field(default_factory=dict)  # create's ``network``, validated
+    # create's ``volumeMounts`` as (volume name, guest path), in the order given
+    volume_mounts: tuple[tuple[str, str], ...] = ()
 
 
 def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
@@ -106,8 +110,10 @@ def sandbox_reserve(
             headers={"Should-Retry": "false"},
         )
     host = sandbox_admit(team=team, template=template)
+    # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
+    mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
     now = timezone.now()
-    return Sandbox.objects.create(
+    sandbox = Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),
         team=team,
         template=template,
@@ -136,11 +142,23 @@ def sandbox_reserve(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
     )
+    if mounts:
+        SandboxVolumeMount.objects.bulk_create(
+            SandboxVolumeMount(sandbox=sandbox, volume=volume, path=path) for volume, path in mounts
+        )
+    return sandbox
 
 
-def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
-    """Drive a ``creating`` sandbox to ``running``. Safe to call again for the same row
-    (the runtime adopts an id that already runs), so a crashed create can be re-driven.
+def sandbox_mounts(sandbox: Sandbox) -> tuple[VolumeMount, ...]:
+    """The volumes the sandbox's create named, as the runtime mounts them."""
+    rows = SandboxVolumeMount.objects.filter(sandbox=sandbox).order_by("pk")
+    return tuple(VolumeMount(volume_id=str(m.volume_id), path=m.path) for m in rows)
+
+
+def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = ()) -> Sandbox:
+    """Drive a ``creating`` sandbox to ``running``, with ``volume_mounts`` (its recorded
+    :func:`sandbox_mounts`). Safe to call again for the same row (the runtime adopts an id
+    that already runs), so a crashed create can be re-driven.
 
     Raises :class:`ServiceUnavailable` when the runtime refused; the row is then deleted,
     since the refusal proves nothing was allocated.
@@ -167,9 +185,10 @@ def sandbox_start(*, sandbox: Sandbox) -> Sandbox:
                 network=network_policy(sandbox.allow_internet_access, sandbox.network),
                 traffic_access_token=sandbox.traffic_access_token or None,
                 warm_pool=template.warm_pool,
+                volume_mounts=volume_mounts,
             )
         )
-    except (CreateRefused, ImageNotFound, RuntimeUnavailable) as exc:
+    except (CreateRefused, ImageNotFound, RuntimeUnavailable, VolumeNotFound) as exc:
         # The runtime rolled back whatever it made: nothing is allocated, so the row goes
         # too and an idempotency key used for this request is released.
         Sandbox.objects.filter(pk=sandbox.pk, state=State.CREATING).delete()
@@ -228,7 +247,9 @@ def sandbox_create(
             sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
     check_host(sandbox)  # a re-drive creates only where its row was reserved
     if sandbox.state == State.CREATING:
-        return sandbox_start(sandbox=sandbox)
+        # Read back only when the create named volumes: no statement otherwise.
+        mounts = sandbox_mounts(sandbox) if request.volume_mounts else ()
+        return sandbox_start(sandbox=sandbox, volume_mounts=mounts)
     return sandbox
 
 

@@ -1,8 +1,9 @@
-"""Sandbox routes, at the root as E2B has them (no prefix, no trailing slash)."""
+"""Sandbox and volume routes, at the root as E2B has them (no prefix, no trailing slash)."""
 
 from django.urls import path
 
 from sandboxes.views import SandboxViewSet as V
+from sandboxes.volumes.views import VolumeViewSet as Vol
 
 urlpatterns = [
     path("v2/sandboxes", V.as_view({"post": "create_v2", "get": "list_v2"})),
@@ -16,4 +17,6 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/timeout", V.as_view({"post": "set_timeout"})),
     path("sandboxes/<str:sandbox_id>/refreshes", V.as_view({"post": "refresh"})),
     path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),
+    path("volumes", Vol.as_view({"post": "create", "get": "list"})),
+    path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
 ]

@@ -73,7 +73,8 @@ cat <<MSG
 
 e2bfacade is starting (python manage.py serve: API, data plane and lifecycle worker):
   API           $base_url  ($workers gunicorn workers)
-  sandboxes     $sandbox_url  (the data plane: commands, files, ports of every sandbox)
+  sandboxes     $sandbox_url  (the data plane: commands, files, ports of every sandbox,
+                and the volume content API)
   API docs      $base_url/docs  (schema: $base_url/openapi.json)
   admin         $base_url/admin/  (make a login: .venv/bin/python manage.py createsuperuser)
   health        $base_url/health, readiness $base_url/health/ready
@@ -85,6 +86,7 @@ Point the E2B SDK at it:
 
 export E2B_API_URL=$base_url
 export E2B_SANDBOX_URL=$sandbox_url
+export E2B_VOLUME_API_URL=$sandbox_url
 export E2B_API_KEY=$key
 
 MSG

@@ -209,6 +209,7 @@ class SandboxInfo:
     default_user: str = DEFAULT_USER
     env_vars: Mapping[str, str] = field(default_factory=dict)
     traffic_access_token: str | None = None
+    volume_mounts: tuple[VolumeMount, ...] = ()  # as created (SandboxSpec.volume_mounts)
 
 
 @dataclass(frozen=True)
@@ -551,7 +552,8 @@ class Runtime(Protocol):
     def discard_spares(self) -> None:
         """End the work done ahead for creates (spare launchers, pooled disks, pool
         sandboxes), for a service that stops: nothing of it is left on the host, and every
-        sandbox stays. The next use fills the pools again."""
+        sandbox stays. The next use fills the pools again. A driver with volumes lets go
+        of what it holds of them on the host too (sandboxes keep theirs)."""
         ...
 
     def guest(self, sandbox_id: str) -> Guest:

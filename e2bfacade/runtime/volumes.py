@@ -69,7 +69,9 @@ class VolumeEntry:
 
 class VolumeFiles(Protocol):
     """The content of one volume, as E2B's volume content API reaches it. Paths are
-    absolute within the volume (``/`` is its root). ``uid``/``gid`` None: root (0)."""
+    absolute within the volume (``/`` is its root). ``uid``/``gid`` None: the guest's
+    ``user`` (1000), who owns the volume's root, so a sandbox's ``user`` may change what the
+    content API made."""
 
     def stat(self, path: str) -> VolumeEntry: ...
 
@@ -84,7 +86,8 @@ class VolumeFiles(Protocol):
         mode: int | None = None,
         force: bool = False,
     ) -> VolumeEntry:
-        """``force``: make the missing parents too (else a missing parent is ENOENT)."""
+        """``force``: make the missing parents too (else a missing parent is ENOENT) and
+        accept a directory already there (else EEXIST), as E2B's."""
         ...
 
     def read_file(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
@@ -102,8 +105,9 @@ class VolumeFiles(Protocol):
         mode: int | None = None,
         force: bool = False,
     ) -> VolumeEntry:
-        """Creates or replaces the file atomically (a cut body leaves the old one).
-        ``force``: make the missing parents too."""
+        """Creates the file, or with ``force`` replaces it, atomically (a cut body leaves
+        the old one); without ``force`` an existing path is EEXIST, as E2B's. ``force``
+        makes the missing parents too."""
         ...
 
     def update(

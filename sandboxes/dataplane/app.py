@@ -1,6 +1,7 @@
 """The data plane's ASGI application: finds the sandbox a request is for, checks that the
 caller may reach it, and hands the request to envd's services (``process.Process``,
-``filesystem.Filesystem``, ``/files``, ``/health``) or to the sandbox's port.
+``filesystem.Filesystem``, ``/files``, ``/health``) or to the sandbox's port. Requests under
+``/volumecontent/`` are E2B's volume content API, for no sandbox (``volumes``).
 
 Run it with ``python manage.py serve`` (all of the service) or, alone, with
 ``uvicorn sandboxes.dataplane.app:application``.
@@ -35,7 +36,7 @@ from e2bfacade.runtime.base import (  # noqa: E402
 )
 from e2bfacade.runtime.guest import Guest  # noqa: E402
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
-from sandboxes.dataplane import liveness, streams  # noqa: E402
+from sandboxes.dataplane import liveness, streams, volumes  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
 from sandboxes.dataplane.filesystem import FilesystemService  # noqa: E402
 from sandboxes.dataplane.ports import forward  # noqa: E402
@@ -225,6 +226,10 @@ def _signed_target(scope: Scope) -> Target | None:
 async def application(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
+        return
+    if scope.get("path", "").startswith(volumes.PREFIX):
+        # E2B's volume content API: a volume's token, no sandbox (sandboxes/dataplane/volumes).
+        await volumes.content(scope, receive, send)
         return
     headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
     target = resolve(headers, settings.SANDBOX_DOMAIN)

@@ -30,7 +30,6 @@ def assert_nothing_created(runtime: LocalRuntime) -> None:
         ("network", {"allowOut": ["1.1.1.1"]}),
         ("mcp", {"github": {"token": "x"}}),
         ("iam", {"role": "arn:aws:iam::1:role/x"}),
-        ("volumeMounts", [{"name": "data", "path": "/data"}]),
     ],
 )
 def test_an_unsupported_create_field_is_refused_by_name(

@@ -253,8 +253,8 @@ def test_method_case_does_not_matter() -> None:
 
 @given(items=st.lists(st.integers(), min_size=2, max_size=6, unique=True), seed=st.integers())
 def test_array_order_is_part_of_the_request(items: list[int], seed: int) -> None:
-    """No array survives create validation (volumeMounts and network rules are refused),
-    so this holds at the fingerprint itself, for the routes that will have arrays."""
+    """At the fingerprint itself: a create's volumeMounts in another order are another
+    request (they are mounted in the order given)."""
     reordered = items[:]
     random.Random(seed).shuffle(reordered)
     assume(reordered != items)

@@ -47,6 +47,7 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
         pause_mode=mode,
         pause_reason=reason,
         init_pid=record.init_pid,
+        volume_mounts=record.volume_mounts,
     )
 
 

@@ -61,7 +61,10 @@ from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
 from e2bfacade.runtime.local.state import InitWatch, Layout
 from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
+from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
+from e2bfacade.runtime.local.storage.volumes import VolumeStore
 from e2bfacade.runtime.start import run_start_command
+from e2bfacade.runtime.volumes import VolumeInfo, VolumeInUse
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class LocalRuntime:
             Capability.DISK_QUOTA,
             Capability.FILESYSTEM_PAUSE,
             Capability.REBOOT_ON_RESUME,
+            Capability.VOLUME_MOUNTS,
         }
     )
 
@@ -117,6 +121,7 @@ class LocalRuntime:
         self._init_watch = InitWatch()
         self.images = ImageStore(self.layout)
         self.images.migrate_xattrs()
+        self.volumes = VolumeStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = digest_of(root)
         self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
@@ -193,6 +198,43 @@ class LocalRuntime:
     def list_images(self) -> builtins.list[str]:
         return self.images.list()
 
+    # ---------------------------------------------------------------------------- volumes
+    def create_volume(self, volume_id: str, size_mb: int) -> VolumeInfo:
+        return self.volumes.create(volume_id, size_mb, self._capacity.disk_mb)
+
+    def volume_info(self, volume_id: str) -> VolumeInfo:
+        return self.volumes.info(volume_id)
+
+    def delete_volume(self, volume_id: str) -> bool:
+        """Refused (VolumeInUse) while a live sandbox's record names it. Under the volume's
+        lock, which a create or boot that mounts it holds (shared) until its record is
+        written: no sandbox gets a volume that is being deleted."""
+        check_id(volume_id, "volume id")
+        with self.layout.locked("volume", volume_id):
+            if not self.volumes.dir_of(volume_id).exists():
+                return False
+            users = self.volume_users(volume_id)
+            if users:
+                raise VolumeInUse(
+                    f"volume {volume_id} is mounted by "
+                    + ", ".join(f"sandbox {u}" for u in sorted(users))
+                )
+            return self.volumes.remove(volume_id)
+
+    def volume_users(self, volume_id: str) -> set[str]:
+        """The live (running or paused) sandboxes whose record names the volume."""
+        users = set()
+        for sid in self.layout.sandbox_ids():
+            record = self.layout.read_state(sid)
+            if record is None or not any(m.volume_id == volume_id for m in record.volume_mounts):
+                continue
+            if self.info(record).state is not SandboxState.DEAD:
+                users.add(sid)
+        return users
+
+    def volume_files(self, volume_id: str) -> LocalVolumeFiles:
+        return LocalVolumeFiles(self.volumes.ensure_mounted(volume_id))
+
     # ---------------------------------------------------------------------------- records
     @staticmethod
     def now() -> float:
@@ -267,6 +309,10 @@ class LocalRuntime:
                             f"sandbox {spec.sandbox_id} exists from image {info.image_id}, "
                             f"not {spec.image_id}"
                         )
+                    if record.volume_mounts != tuple(spec.volume_mounts):
+                        raise RuntimeConflict(
+                            f"sandbox {spec.sandbox_id} exists with other volume mounts"
+                        )
                     if info.pause_mode is PauseMode.FILESYSTEM:
                         # Made, then its processes ended before its create was answered (a
                         # crash): it runs again on its files, as its create asked.
@@ -281,9 +327,13 @@ class LocalRuntime:
             if spec.image_id == BASE_IMAGE:
                 self.images.ensure_base()
             chain = self.images.chain(spec.image_id)  # ImageNotFound before anything is made
+            for mount in spec.volume_mounts:
+                if not self.volumes.exists(mount.volume_id):
+                    raise CreateRefused(f"volume {mount.volume_id} does not exist")
             start = start_of(chain)
             pooled = False
-            if not is_warm(spec.sandbox_id):
+            # A pool sandbox never has volumes: one with them is made for its create.
+            if not is_warm(spec.sandbox_id) and not spec.volume_mounts:
                 pooled = self.warm.size(spec, start is not None) > 0
                 if not pooled:
                     self.warm.forget(spec)  # a pool turned off: refill it no more
@@ -380,19 +430,23 @@ class LocalRuntime:
 
     # -------------------------------------------------------------------------- pools
     def keep_warm(self, spec: SandboxSpec) -> None:
-        self.warm.keep(spec)
+        if not spec.volume_mounts:  # never pooled (create)
+            self.warm.keep(spec)
 
     def warm_pools(self, specs: Iterable[SandboxSpec]) -> None:
-        self.warm.keep_only(specs)
+        self.warm.keep_only([s for s in specs if not s.volume_mounts])
 
     def replenish(self, disk_mb: int | None = None) -> None:
         self.refill.after_create(disk_mb)
 
     def discard_spares(self) -> None:
-        """End every parked launcher, pooled disk and pool sandbox (for a runtime being torn
-        down, or a service that stops: no mount or loop device is left for them)."""
+        """End every parked launcher, pooled disk and pool sandbox, and unmount the volumes
+        on the host (for a runtime being torn down, or a service that stops: no mount or
+        loop device is left for them; running sandboxes keep their volumes, and the next
+        use of one mounts it on the host again)."""
         self.warm.discard()
         self.refill.discard()
+        self.volumes.release()
 
 
 def _conforms(runtime: LocalRuntime) -> Runtime:

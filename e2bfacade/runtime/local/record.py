@@ -9,6 +9,7 @@ is now (pid and kernel start time; 0 while it has no processes).
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ from e2bfacade.runtime.base import (
     NetworkPolicy,
     SandboxInfo,
     SandboxSpec,
+    check_id,
 )
+from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeMount
 
 DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
 FILE = "state.json"
@@ -69,6 +72,8 @@ class SandboxRecord:
     warm: str | None = None  # a pool sandbox's shape key (pools/warm.py)
     warm_version: str | None = None
     parked: Parked | None = None
+    # Mounted at every launch (a create, a cold boot), in this order.
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
     @property
     def is_warm(self) -> bool:
@@ -92,6 +97,7 @@ class SandboxRecord:
             envd_access_token=self.envd_access_token,
             traffic_access_token=self.traffic_access_token,
             network=self.network or NetworkPolicy(),
+            volume_mounts=self.volume_mounts,
         )
 
     def save(self, sandbox_dir: Path) -> None:
@@ -121,6 +127,10 @@ class SandboxRecord:
             "traffic_access_token": self.traffic_access_token,
             "network": None if self.network is None else policy_json(self.network),
         }
+        if self.volume_mounts:
+            data["volume_mounts"] = [
+                {"volume_id": m.volume_id, "path": m.path} for m in self.volume_mounts
+            ]
         if self.warm is not None:
             data["warm"] = self.warm
             data["warm_version"] = self.warm_version
@@ -158,6 +168,10 @@ class SandboxRecord:
             warm=data.get("warm"),
             warm_version=data.get("warm_version"),
             parked=None if not paused else Parked(paused.get("reason"), float(paused["at"])),
+            volume_mounts=tuple(
+                VolumeMount(str(m["volume_id"]), str(m["path"]))
+                for m in data.get("volume_mounts") or ()
+            ),
         )
 
 
@@ -200,3 +214,35 @@ def check_spec(spec: SandboxSpec, cap: Capacity, networked: bool) -> None:
     for env_name, env_value in spec.env_vars.items():
         if not ENV_NAME.fullmatch(env_name) or "\0" in env_value:
             raise CreateRefused(f"environment variable {env_name!r} is not valid")
+    check_mounts(spec.volume_mounts)
+
+
+def check_mounts(mounts: tuple[VolumeMount, ...]) -> None:
+    """Refuse volume mounts no sandbox can have: more than MAX_MOUNTS_PER_SANDBOX, a path
+    that is not absolute and clean (or is ``/``), one path twice or one inside another."""
+    if len(mounts) > MAX_MOUNTS_PER_SANDBOX:
+        raise CreateRefused(
+            f"a sandbox may mount at most {MAX_MOUNTS_PER_SANDBOX} volumes, got {len(mounts)}"
+        )
+    paths: list[str] = []
+    for i, mount in enumerate(mounts):
+        if not isinstance(mount, VolumeMount):
+            raise CreateRefused(f"volume mount #{i} is not a VolumeMount")
+        check_id(mount.volume_id, "volume id")
+        path = mount.path
+        if (
+            not isinstance(path, str)
+            or not path.startswith("/")
+            or posixpath.normpath(path) != path
+            or path.startswith("//")
+            or path == "/"
+            or "\0" in path
+            or len(path.encode()) > 1024
+        ):
+            raise CreateRefused(
+                f"volume mount #{i}: path {path!r} must be absolute, clean and not /"
+            )
+        for other in paths:
+            if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+                raise CreateRefused(f"volume mount #{i}: path {path} is {other} or nested with it")
+        paths.append(path)

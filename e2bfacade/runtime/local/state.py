@@ -10,6 +10,8 @@ Layout::
     sandboxes/<id>/disk/      its writable layer: disk/upper (and overlay's disk/work)
     sandboxes/<id>/state.json written last: its presence means "created"
     sandboxes/<id>/stage/     mount points the init uses while it builds its root
+    volumes/<id>/volume.img   a volume's own file system (storage/volumes.py), mounted on
+    volumes/<id>/data/        the host lazily; sandboxes mount clones of it
     ids/<slot>                the id range <slot> is held by the sandbox named inside
     ids/block.json            the root's block of host ids (see below; roots.py claims it)
     locks/<kind>-<nn>.lock    per-id serialisation across threads and processes
@@ -299,14 +301,20 @@ class Layout:
         return slot if holder == sandbox_id else None
 
     @contextlib.contextmanager
-    def locked(self, kind: str, ident: str, blocking: bool = True) -> Iterator[bool]:
+    def locked(
+        self, kind: str, ident: str, blocking: bool = True, *, shared: bool = False
+    ) -> Iterator[bool]:
         """Serialise operations on one id across threads and processes (flock on a striped
-        file; each call opens its own descriptor, so threads exclude each other too)."""
+        file; each call opens its own descriptor, so threads exclude each other too).
+        ``shared``: only against holders of the exclusive lock (a volume's users against
+        its delete)."""
         # One file set per kind: a sandbox lock may be held while an image lock is taken
         # (snapshot), and two stripes of one file would deadlock on each other.
         stripe = zlib.crc32(ident.encode()) % LOCK_STRIPES
         with open(self.root / "locks" / f"{kind}-{stripe:03d}.lock", "w") as f:
-            flags = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+            flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (
+                0 if blocking else fcntl.LOCK_NB
+            )
             try:
                 fcntl.flock(f, flags)
             except BlockingIOError:

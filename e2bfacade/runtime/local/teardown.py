@@ -15,10 +15,12 @@ gone for good: this does, for one root, in this order —
    of it is removed — never deleted;
 4. the network: the table, the rules, the routing tables, the claim;
 5. the launcher daemon, the root's cgroup parents, the claim of its block of host ids, and
-   whatever mount under the root or loop device backed by a file under it is still there.
+   whatever mount under the root or loop device backed by a file under it is still there
+   (the volumes' host mounts among them).
 
-What it leaves: files. ``images/`` (templates and snapshots), ``kept/``, and the root
-directory itself; delete them once they are no one's. Run it with the service of that root
+What it leaves: files. ``images/`` (templates and snapshots), ``kept/``, ``volumes/`` (each
+volume's image: its users' data) and the root directory itself; delete them once they are
+no one's. Run it with the service of that root
 stopped: a create that races it may leave a sandbox behind.
 """
 

@@ -2,11 +2,12 @@
 
 Each tick it (1) applies the timeout action of sandboxes past ``endAt`` (kill, or pause when
 ``autoPause`` was set), (2) re-drives idempotent requests whose owner died and finishes
-sandbox transitions abandoned mid-way, (3) reconciles the database with the runtime,
-(4) purges expired idempotency keys and sweeps unused images. Several workers may
-run at once: every step claims its rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` or a
-fenced update, so no sandbox is acted on twice. Template builds run beside the ticks, on
-threads of their own (templates.builds.worker; ``--no-builds``: none here).
+sandbox transitions (and volume creates and deletes) abandoned mid-way, (3) reconciles
+the database with the runtime, (4) purges expired idempotency keys and sweeps unused
+images. Several workers may run at once: every step claims its rows with ``SELECT ...
+FOR UPDATE SKIP LOCKED`` or a fenced update, so no sandbox is acted on twice. Template
+builds run beside the ticks, on threads of their own (templates.builds.worker;
+``--no-builds``: none here).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from e2bfacade.throttling import purge_windows
 from idempotency import maintenance as idempotency
 from sandboxes import worker
 from sandboxes.models import Sandbox
+from sandboxes.volumes.services import volume_sweep
 from templates.builds import worker as builds
 from templates.services import template_sweep_images
 
@@ -102,6 +104,8 @@ class Command(BaseCommand):
                 logger.info("idempotency record %s: re-drove an abandoned claim", record_pk)
             for sandbox_id in worker.sandbox_recover_stale(older_than=now - stale_after):
                 logger.info("sandbox %s: finished an abandoned transition", sandbox_id)
+            for volume_id in volume_sweep(older_than=now - stale_after):
+                logger.info("volume %s: removed after an abandoned create or delete", volume_id)
         if full or n % 10 == 0:
             worker.sandbox_keep_warm()
             result = worker.sandbox_reconcile()

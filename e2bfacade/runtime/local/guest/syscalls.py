@@ -21,6 +21,7 @@ SYS_OPENAT2 = 437
 SYS_SETFSUID = 122
 SYS_SETFSGID = 123
 SYS_SETGROUPS = 116
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 
@@ -33,10 +34,11 @@ class _StatFs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
 
 
-def openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
+def openat2(root_fd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     """``path`` opened as if ``root_fd`` were ``/``: every component, symlinks and ``..``
-    included, is resolved inside it, and magic links are refused."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    included, is resolved inside it, and magic links are refused; ``resolve``: more
+    ``RESOLVE_*`` flags (``RESOLVE_NO_XDEV``: no mount point crossed)."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | resolve)
     fd = _libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), 24)
     if fd < 0:
         err = ctypes.get_errno()

@@ -12,6 +12,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,11 @@ from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
 from e2bfacade.runtime.local.storage.images import env_of, start_of
 from e2bfacade.runtime.start import run_start_command
+from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
+
+# Mounts the launcher hands the init in one message (launcher/c/launcher.h MAX_FDS): the
+# image's layers, the host binds, lxcfs's and the volumes.
+MAX_FDS = 32
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime
@@ -78,8 +84,26 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         network=spec.network if rt.network is not None else None,
         warm=rt.warm.key(spec) if is_warm(spec.sandbox_id) else None,
         warm_version=rt.version if is_warm(spec.sandbox_id) else None,
+        volume_mounts=spec.volume_mounts,
     )
     return launch(rt, record, chain)
+
+
+@contextlib.contextmanager
+def volumes_held(rt: LocalRuntime, mounts: tuple[VolumeMount, ...]) -> Iterator[list[str]]:
+    """Each volume of ``mounts`` mounted on the host, and held (its lock, shared) so that
+    no delete takes it until the sandbox's record names it. Yields the requests' items."""
+    with contextlib.ExitStack() as stack:
+        for volume_id in sorted({m.volume_id for m in mounts}):
+            stack.enter_context(rt.layout.locked("volume", volume_id, shared=True))
+        items = []
+        for mount in mounts:
+            try:
+                source = rt.volumes.ensure_mounted(mount.volume_id)
+            except VolumeNotFound:
+                raise CreateRefused(f"volume {mount.volume_id} does not exist") from None
+            items.append(f"volume={source}:{mount.path}")
+        yield items
 
 
 def launch(
@@ -87,6 +111,24 @@ def launch(
 ) -> LocalSandboxInfo:
     """Start the sandbox's init on its prepared directory and disk, and write its record
     (with the init's identity): the commit point. A create and a cold boot alike."""
+    binds = [b for meta in chain for b in meta.get("host_binds", ())]
+    mounts = len(chain) + len(binds) + 1 + len(record.volume_mounts)
+    if mounts > MAX_FDS:
+        raise CreateRefused(
+            f"sandbox {record.sandbox_id} would need {mounts} mounts (image layers, host "
+            f"binds and volumes), more than the {MAX_FDS} one sandbox may have"
+        )
+    with volumes_held(rt, record.volume_mounts) as volume_items:
+        return _launch(rt, record, chain, binds, volume_items)
+
+
+def _launch(
+    rt: LocalRuntime,
+    record: SandboxRecord,
+    chain: list[dict[str, Any]],
+    binds: list[str],
+    volume_items: list[str],
+) -> LocalSandboxInfo:
     sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
     link = None
     if rt.network is not None and record.network is not None:
@@ -103,7 +145,6 @@ def launch(
     rt.cgroups.create(
         sid, cpu_count=record.cpu_count, memory_mb=record.memory_mb, pids_max=record.pids_max
     )
-    binds = [b for meta in chain for b in meta.get("host_binds", ())]
     request = [
         f"rootfs={d / 'rootfs'}",
         "lower=" + ":".join(str(rt.layout.image_dir(m["id"]) / "rootfs") for m in chain),
@@ -112,6 +153,7 @@ def launch(
         f"dir={d}",
         f"idbase={record.id_base}",
         *(f"bind={b}:{b}" for b in binds),
+        *volume_items,
         *(link.request() if link is not None else ()),
     ]
     proc_view = lxcfs.ensure(rt.root)  # a live one at each launch: it may have died
@@ -184,6 +226,9 @@ def park(rt: LocalRuntime, record: SandboxRecord, reason: str | None) -> Sandbox
     if rt.network is not None and slot is not None:
         rt.network.release(slot)
     disks.sync(d)  # what it wrote survives a power cut from here on
+    for volume_id in {m.volume_id for m in record.volume_mounts}:
+        with contextlib.suppress(OSError):  # shared: others may write on; best effort
+            rt.volumes.sync(volume_id)
     parked = record.replace(init_pid=0, init_start=0, parked=Parked(reason, time.time()))
     parked.save(d)
     return parked

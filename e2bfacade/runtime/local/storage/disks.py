@@ -62,8 +62,10 @@ __all__ = [
     "attach",
     "detach",
     "ensure_mounted",
+    "ensure_image_mounted",
     "exists",
     "sync",
+    "syncfs",
     "usage",
 ]
 log = logging.getLogger(__name__)
@@ -112,7 +114,9 @@ def _loop_attach(image: Path) -> tuple[str, int]:
         os.close(ctl)
 
 
-def format_image(image: Path, size_mb: int) -> None:
+def format_image(image: Path, size_mb: int, root_owner: int | None = None) -> None:
+    """A sparse ``size_mb`` MiB ext4 image at ``image`` (``root_owner``: the uid and gid,
+    on disk, of its root directory; else root's)."""
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
     os.chmod(image, 0o600)
@@ -131,7 +135,8 @@ def format_image(image: Path, size_mb: int) -> None:
             "^resize_inode",
             *journal,
             "-E",
-            "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
+            + ("" if root_owner is None else f",root_owner={root_owner}:{root_owner}"),
             str(image),
         ],
         capture_output=True,
@@ -141,12 +146,15 @@ def format_image(image: Path, size_mb: int) -> None:
     )
     if done.returncode != 0:
         why = done.stderr.strip() or f"mkfs.ext4 exited with {done.returncode}"
-        raise CreateRefused(f"cannot format the sandbox's disk: {why}")
+        what = "the sandbox's disk" if image.name == IMAGE else image.name
+        raise CreateRefused(f"cannot format {what}: {why}")
 
 
-def mount_image(image: Path, mount_point: Path) -> None:
-    """Mount ``image`` on ``mount_point`` with ``upper`` and ``work`` in it (root's, when
-    they are new)."""
+def mount_image(
+    image: Path, mount_point: Path, subdirs: tuple[str, ...] = ("upper", "work")
+) -> None:
+    """Mount ``image`` on ``mount_point`` with ``subdirs`` in it (root's, when they are
+    new)."""
     mount_point.mkdir(mode=0o700, exist_ok=True)
     device, fd = _loop_attach(image)
     try:
@@ -155,7 +163,7 @@ def mount_image(image: Path, mount_point: Path) -> None:
         _check(rc, f"mount {device}")
     finally:
         os.close(fd)  # unmounted or failed: the device detaches itself
-    for sub in ("upper", "work"):
+    for sub in subdirs:
         (mount_point / sub).mkdir(mode=0o755, exist_ok=True)
 
 
@@ -201,19 +209,30 @@ def ensure_mounted(sandbox_dir: Path) -> None:
     """Mount the sandbox's existing disk again where a host reboot (or an operator) left it
     unmounted, after checking it: a reboot may have cut its last writes short. Nothing to do
     when it is mounted. Raises OSError when it cannot be had (the files stay as they are)."""
-    mount_point = sandbox_dir / MOUNT
+    ensure_image_mounted(sandbox_dir / IMAGE, sandbox_dir / MOUNT)
+
+
+def ensure_image_mounted(
+    image: Path,
+    mount_point: Path,
+    subdirs: tuple[str, ...] = ("upper", "work"),
+    *,
+    force_check: bool = True,
+) -> None:
+    """:func:`ensure_mounted` for any image and mount point (a volume's too).
+    ``force_check`` false: a file system that was unmounted cleanly is not checked (only
+    one a crash left, or one with errors)."""
     if os.path.ismount(mount_point):
         return
-    image = sandbox_dir / IMAGE
     if not image.exists():
-        raise OSError(errno.ENOENT, f"{sandbox_dir.name} has no disk")
+        raise OSError(errno.ENOENT, f"{image.parent.name} has no {image.name}")
     # Still attached (its last mount lazily detached elsewhere, a process that copied the
     # host's mounts holding it): mounting a second loop device of the same image would
     # make two file systems of one disk. Mount the device it has: the same superblock.
     device = _attached_device(image)
     if device is None:
-        _repair(image)
-        mount_image(image, mount_point)
+        _repair(image, force_check)
+        mount_image(image, mount_point, subdirs)
         return
     mount_point.mkdir(mode=0o700, exist_ok=True)
     flags = MS_NODEV | MS_NOSUID | MS_NOATIME
@@ -235,12 +254,12 @@ def _attached_device(image: Path) -> str | None:
     return None
 
 
-def _repair(image: Path) -> None:
+def _repair(image: Path, force: bool = True) -> None:
     """``e2fsck -p`` (preen: the safe automatic fixes), then ``-y`` if preening found more
     than it may fix on its own. Exit codes below 4 mean the file system is usable."""
     for mode in ("-p", "-y"):
         done = subprocess.run(
-            ["e2fsck", mode, "-f", str(image)],
+            ["e2fsck", mode, *(["-f"] if force else []), str(image)],
             capture_output=True,
             text=True,
             env=TOOLS_PATH,
@@ -262,6 +281,11 @@ def sync(sandbox_dir: Path) -> None:
     mount_point = sandbox_dir / MOUNT
     if not os.path.ismount(mount_point):
         return
+    syncfs(mount_point)
+
+
+def syncfs(mount_point: Path) -> None:
+    """syncfs(2) of the file system mounted at ``mount_point``."""
     fd = os.open(mount_point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _check(_libc.syncfs(fd), f"syncfs {mount_point}")

@@ -161,7 +161,7 @@ void sandbox_init(struct create_req *r) {
     int nlower = 1;
     for (const char *c = r->lower; *c; c++) nlower += *c == ':';
     int nfds = recv_fds(sync_fd, fds, MAX_FDS);
-    int expected = nlower + r->nbinds + (r->lxcfs ? 1 : 0);
+    int expected = nlower + r->nbinds + (r->lxcfs ? 1 : 0) + r->nvolumes;
     if (nfds != expected) fail("userns", "got %d mounts, expected %d", nfds, expected);
     close(sync_fd);
     /* We are in the sandbox's directory (the maker went there as host root) and, with our
@@ -177,6 +177,7 @@ void sandbox_init(struct create_req *r) {
      * and every command get a machine's usual 022, as envd's do. */
     umask(022);
     build_rootfs(r, fds, nlower); /* from here on "/" is the guest's */
+    mount_volumes(r, fds + nlower + r->nbinds + (r->lxcfs ? 1 : 0));
 
     if (sethostname(r->hostname, strlen(r->hostname)) != 0)
         fail("hostname", "%s", strerror(errno));

@@ -8,6 +8,8 @@
  *   rootfs=DIR lower=A:B hostname=NAME cgroup=PROCS_FILE (repeatable)
  *   (the writable layer is disk/upper, with disk/work, in the sandbox's directory DIR)
  *   bind=SRC:DST (read-only host bind, repeatable)
+ *   volume=SRC:DST (a volume's host mount SRC, writable and idmapped, at the guest path
+ *   DST; repeatable)
  *   lxcfs=DIR (the runtime's lxcfs mount: the guest's meminfo, uptime... of its own)
  *   leave=PROCS_FILE (repeatable: where the handler moves itself once the init runs)
  *   cgroupdir=DIR (cgroup v2: the sandbox's group, which the sandbox is created in with
@@ -67,6 +69,7 @@ static int parse_request(char *buf, size_t len, struct create_req *r) {
         else if (!strcmp(item, "prefix")) r->prefix = (int)strtol(v, NULL, 10);
         else if (!strcmp(item, "cgroup") && r->ncgroups < MAX_ITEMS) r->cgroups[r->ncgroups++] = v;
         else if (!strcmp(item, "bind") && r->nbinds < MAX_ITEMS) r->binds[r->nbinds++] = v;
+        else if (!strcmp(item, "volume") && r->nvolumes < MAX_ITEMS) r->volumes[r->nvolumes++] = v;
         else if (!strcmp(item, "leave") && r->nleave < MAX_ITEMS) r->leave[r->nleave++] = v;
         else return -1;
     }
@@ -138,6 +141,24 @@ static int idmapped_clone(const char *path, int userns_fd) {
     struct mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
                            .userns_fd = (unsigned long long)userns_fd};
     if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | AT_RECURSIVE, &a, sizeof a) != 0) {
+        int e = errno;
+        close(t);
+        errno = e;
+        return -1;
+    }
+    return t;
+}
+
+/* A volume's host mount at PATH, cloned for one sandbox: writable, idmapped like the layers
+ * (a file of guest uid N is stored as uid N whatever the sandbox's id range), no devices,
+ * no set-id programs. Only the volume's own mount: nothing mounted below it comes along. */
+static int volume_clone(const char *path, int userns_fd) {
+    int t = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (t < 0) return -1;
+    struct mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+                           .attr_clr = MOUNT_ATTR_RDONLY,
+                           .userns_fd = (unsigned long long)userns_fd};
+    if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH, &a, sizeof a) != 0) {
         int e = errno;
         close(t);
         errno = e;
@@ -398,6 +419,17 @@ static void send_mounts(struct launch *l, int userns) {
     }
     if (r->lxcfs && userns >= 0 && nfds < MAX_FDS && (nfds == 0 || fds[nfds - 1] >= 0))
         fds[nfds++] = lxcfs_clone(r->lxcfs);
+    for (int i = 0; i < r->nvolumes && userns >= 0 && (nfds == 0 || fds[nfds - 1] >= 0); i++) {
+        char src[4096];
+        snprintf(src, sizeof src, "%s", r->volumes[i]);
+        char *colon = strchr(src, ':');
+        if (!colon || nfds >= MAX_FDS) {
+            kill(l->maker, SIGKILL);
+            refuse(l->conn, "ERR volume: %s", colon ? "more mounts than MAX_FDS" : "malformed", NULL);
+        }
+        *colon = 0;
+        fds[nfds++] = volume_clone(src, userns);
+    }
     if (userns < 0 || (nfds > 0 && fds[nfds - 1] < 0) || send_fds(l->sync[0], fds, nfds) != 0) {
         kill(l->maker, SIGKILL);
         refuse(l->conn, "ERR userns: idmapped mounts: %s", strerror(errno), NULL);

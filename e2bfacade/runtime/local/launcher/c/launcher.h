@@ -21,6 +21,8 @@ struct create_req {
     int ncgroups;
     const char *binds[MAX_ITEMS];
     int nbinds;
+    const char *volumes[MAX_ITEMS]; /* "SRC:DST": a volume's host mount, writable, at DST */
+    int nvolumes;
     const char *leave[MAX_ITEMS];
     int nleave;
 };
@@ -44,6 +46,9 @@ void fail(const char *step, const char *fmt, ...) __attribute__((noreturn));
  * directory) from the mounts the handler made (FDS: NLOWER layers, the binds, lxcfs), ending
  * in the new root with no path back to the host's. */
 void build_rootfs(const struct create_req *r, const int *fds, int nlower);
+/* After build_rootfs: each volume (R->volumes, their mounts FDS) at its guest path, made and
+ * resolved inside the guest's root. */
+void mount_volumes(const struct create_req *r, const int *fds);
 
 /* seccomp.c */
 int read_seccomp(const char *path);

@@ -1,6 +1,7 @@
 /* The guest's root file system, built by the sandbox's init in the sandbox's directory
  * before pivot_root: the image layers and the disk as an overlay, the read-only host binds,
- * /proc (lxcfs's files, an own boot_id, the host's secrets masked), /sys, /dev and /run. */
+ * /proc (lxcfs's files, an own boot_id, the host's secrets masked), /sys, /dev and /run;
+ * then, in the new root, the volumes. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/openat2.h> /* struct open_how, RESOLVE_* */
 
 #include "launcher.h"
 
@@ -235,4 +237,67 @@ void build_rootfs(const struct create_req *r, const int *fds, int nlower) {
     if (syscall(SYS_pivot_root, ".", ".") != 0) fail("pivot_root", "%s", strerror(errno));
     if (umount2(".", MNT_DETACH) != 0) fail("umount old root", "%s", strerror(errno));
     if (chdir("/") != 0) fail("chdir", "/: %s", strerror(errno));
+}
+
+/* PATH (relative) opened as a directory, resolved inside the guest's root ROOT: a symlink
+ * or ".." never leaves it, and no /proc magic link is followed. */
+static int open_in_root(int root, const char *path) {
+    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+    return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+}
+
+/* The guest path DST (absolute) as a directory, made where missing (0755, guest root's),
+ * every component resolved inside the guest's root. Returns an O_PATH descriptor of it. */
+static int make_dir_in_root(int root, const char *dst) {
+    char buf[4096];
+    while (*dst == '/') dst++;
+    if (!*dst || strlen(dst) >= sizeof buf) fail("volume", "bad mount path /%s", dst);
+    snprintf(buf, sizeof buf, "%s", dst);
+    for (char *p = buf;; p++) {
+        if (*p != '/' && *p != 0) continue;
+        char saved = *p;
+        *p = 0;
+        int fd = open_in_root(root, buf);
+        if (fd < 0 && errno == ENOENT) {
+            char *slash = strrchr(buf, '/');
+            int parent = root;
+            const char *name = buf;
+            if (slash) {
+                *slash = 0;
+                parent = open_in_root(root, buf);
+                *slash = '/';
+                name = slash + 1;
+            }
+            if (parent < 0) fail("volume", "/%s: %s", buf, strerror(errno));
+            if (mkdirat(parent, name, 0755) != 0 && errno != EEXIST)
+                fail("volume", "mkdir /%s: %s", buf, strerror(errno));
+            if (parent != root) close(parent);
+            fd = open_in_root(root, buf);
+        }
+        if (fd < 0) fail("volume", "/%s: %s", buf, strerror(errno));
+        if (saved == 0) return fd;
+        close(fd);
+        *p = saved;
+    }
+}
+
+/* After pivot_root: the guest path comes from the user and the image is the user's, so
+ * each mount point is made and resolved in the guest's root, where no path leads to the
+ * host's files. */
+void mount_volumes(const struct create_req *r, const int *fds) {
+    if (r->nvolumes == 0) return;
+    int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) fail("volume", "/: %s", strerror(errno));
+    for (int i = 0; i < r->nvolumes; i++) {
+        const char *colon = strchr(r->volumes[i], ':');
+        if (!colon) fail("volume", "malformed volume %s", r->volumes[i]);
+        int target = make_dir_in_root(root, colon + 1);
+        if (syscall(SYS_move_mount, fds[i], "", target, "",
+                    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0)
+            fail("volume", "mount at %s: %s", colon + 1, strerror(errno));
+        close(target);
+        close(fds[i]);
+    }
+    close(root);
 }
