@@ -24,6 +24,8 @@ from e2bfacade.runtime.base import (
     SandboxState,
 )
 from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local.launcher import launch
+from e2bfacade.runtime.local.record import SandboxRecord
 from e2bfacade.runtime.local.storage import volumes as store
 from e2bfacade.runtime.local.teardown import loops_under, mounts_under, teardown_root
 from e2bfacade.runtime.volumes import (
@@ -219,6 +221,31 @@ def test_mount_paths_are_checked_before_anything_is_made(
         assert not runtime.layout.sandbox_dir(sid).exists()
 
 
+def test_volumes_count_against_the_mounts_one_sandbox_may_be_handed(
+    runtime: LocalRuntime, new_volume: Callable[..., str]
+) -> None:
+    """The launcher hands the init at most MAX_FDS mounts in one message: layers, binds,
+    lxcfs and volumes together. One more is refused before anything is started."""
+    volume_id = new_volume()
+    record = SandboxRecord(
+        sandbox_id="tfdcount",
+        image_id="base",
+        id_base=0,
+        cpu_count=1,
+        memory_mb=64,
+        pids_max=64,
+        disk_mb=64,
+        created_at=0.0,
+        volume_mounts=tuple(VolumeMount(volume_id, f"/m{i}") for i in range(4)),
+    )
+    layer = {**runtime.images.chain("base")[0], "host_binds": []}
+    deep = [layer] * (launch.MAX_FDS - 1 - 4 + 1)  # with lxcfs and 4 volumes: one too many
+    with pytest.raises(CreateRefused, match=f"need {launch.MAX_FDS + 1} mounts"):
+        launch.launch(runtime, record, deep)
+    assert not runtime.layout.sandbox_dir("tfdcount").exists()
+    assert not runtime.cgroups.exists("tfdcount")
+
+
 def test_a_guest_cannot_reach_outside_the_volume_through_it(
     runtime: LocalRuntime,
     new_sandbox_id: Callable[[], str],
@@ -393,7 +420,13 @@ def test_a_power_cut_and_a_new_runtime_keep_volumes_and_teardown_leaves_nothing(
         rt.create_volume(volume_id, 16)
         rt.create(with_volumes("vprun", (volume_id, "/v")))
         rt.create(with_volumes("vpfs", (volume_id, "/w")))
-        ok(rt, "vprun", "echo before > /v/f; sync", user="user")
+        # A service that stops lets go of the host mount; the running sandbox keeps its
+        # own, and the next use on the host mounts the very same file system again.
+        rt.discard_spares()
+        assert not os.path.ismount(root / "volumes" / volume_id / "data")
+        ok(rt, "vprun", "echo before > /v/f", user="user")
+        assert (rt.volume_files(volume_id).root / "f").read_text() == "before\n"
+        ok(rt, "vprun", "sync")
         rt.pause("vpfs", memory=False)
 
         power_cut(root)

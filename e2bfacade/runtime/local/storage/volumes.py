@@ -23,8 +23,8 @@ unmounting it on the host (:meth:`VolumeStore.release`) leaves running sandboxes
 are.
 
 A volume is made in a directory of its own name beginning with a dot and renamed into
-place once formatted, so a crash never leaves a half-made volume under its id; deleted the
-other way round (renamed away, then removed).
+place once formatted and mounted, so a crash never leaves a half-made volume under its id;
+deleted the other way round (renamed away, then removed).
 """
 
 from __future__ import annotations
