@@ -50,3 +50,14 @@ def test_no_hand_written_source_file_is_over_600_lines() -> None:
         if lines > MAX_LINES:
             too_long[str(relative)] = lines
     assert too_long == {}, f"over {MAX_LINES} lines (split each along its seams): {too_long}"
+
+
+# The local driver's module is its wiring and lifecycle only (docs/ARCHITECTURE.md, "The
+# local driver"): what it does lives in the parts it wires, so it stays short.
+DRIVER = Path("e2bfacade/runtime/local/driver.py")
+DRIVER_MAX_LINES = 400
+
+
+def test_the_local_driver_module_stays_wiring_and_lifecycle() -> None:
+    lines = len((ROOT / DRIVER).read_bytes().splitlines())
+    assert lines <= DRIVER_MAX_LINES, f"{DRIVER} is {lines} lines: move a part out of it"

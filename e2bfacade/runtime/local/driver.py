@@ -18,10 +18,7 @@ access token.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import json
-import logging
-import os
 import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -52,7 +49,7 @@ from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.guest.handle import LocalGuest
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.launcher.client import Launcher
-from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config, save_config
+from e2bfacade.runtime.local.net.network import digest_of, open_network
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.pools.disks import DiskPool
 from e2bfacade.runtime.local.pools.refill import Refill
@@ -64,10 +61,9 @@ from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
 from e2bfacade.runtime.start import run_start_command
-from e2bfacade.runtime.volumes import VolumeInfo, VolumeInUse
+from e2bfacade.runtime.volumes import VolumeInfo
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
-log = logging.getLogger(__name__)
 
 
 class LocalRuntime:
@@ -103,16 +99,7 @@ class LocalRuntime:
         warm: int = 0,
         claim_ids: bool = True,  # False: this runtime takes no host ids (state.Layout)
     ) -> None:
-        if os.geteuid() != 0:
-            raise RuntimeUnavailable(
-                "the local sandbox runtime needs root (it creates namespaces, overlay mounts "
-                "and cgroups); run the service as root or choose another SANDBOX_RUNTIME"
-            )
-        for ns in ("pid", "mnt", "uts", "ipc", "net"):
-            if not os.path.exists(f"/proc/self/ns/{ns}"):
-                raise RuntimeUnavailable(f"this kernel has no {ns} namespaces")
-        if "overlay" not in Path("/proc/filesystems").read_text():
-            raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
+        host.check_supported()
         self.root = root
         self.snapshot_max_bytes = snapshot_max_bytes
         self.layout = Layout(root, claim_ids=claim_ids)
@@ -140,23 +127,11 @@ class LocalRuntime:
         self.disk_pool = DiskPool(self.layout, spares)
         self.refill = Refill(self.spares, self.disk_pool)
         self.warm = WarmPool(self, warm)
-        # Networking (network.py): given, or as the root was last configured (a restart, a
-        # second process on the same root); none: sandboxes have their own loopback only.
-        config = network or load_config(self.layout)
-        self.network: SandboxNetwork | None = None
-        if config is not None:
-            self.network = SandboxNetwork(self.layout, config, digest)
-            try:
-                self.network.setup()
-            except RuntimeUnavailable:
-                if network is not None:
-                    raise
-                # As last configured, but its uplink is gone: this process can still release
-                # rules and kill; new sandboxes get links with no way out (fail closed).
-                log.warning("sandbox networking is not set up", exc_info=True)
-            if network is not None:  # set up: from now on the root's (a refused one is not)
-                save_config(self.layout, network)
-            self.capabilities = self.capabilities_for({"network": config})
+        # Networking (net/network.py): given, or as the root was last configured; none:
+        # sandboxes have their own loopback only.
+        self.network = open_network(self.layout, network, digest)
+        if self.network is not None:
+            self.capabilities = self.capabilities_for({"network": self.network.config})
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:
@@ -206,31 +181,18 @@ class LocalRuntime:
         return self.volumes.info(volume_id)
 
     def delete_volume(self, volume_id: str) -> bool:
-        """Refused (VolumeInUse) while a live sandbox's record names it. Under the volume's
-        lock, which a create or boot that mounts it holds (shared) until its record is
-        written: no sandbox gets a volume that is being deleted."""
-        check_id(volume_id, "volume id")
-        with self.layout.locked("volume", volume_id):
-            if not self.volumes.dir_of(volume_id).exists():
-                return False
-            users = self.volume_users(volume_id)
-            if users:
-                raise VolumeInUse(
-                    f"volume {volume_id} is mounted by "
-                    + ", ".join(f"sandbox {u}" for u in sorted(users))
-                )
-            return self.volumes.remove(volume_id)
+        return self.volumes.delete(volume_id, self.volume_users)
 
     def volume_users(self, volume_id: str) -> set[str]:
         """The live (running or paused) sandboxes whose record names the volume."""
-        users = set()
-        for sid in self.layout.sandbox_ids():
-            record = self.layout.read_state(sid)
-            if record is None or not any(m.volume_id == volume_id for m in record.volume_mounts):
-                continue
-            if self.info(record).state is not SandboxState.DEAD:
-                users.add(sid)
-        return users
+        records = map(self.layout.read_state, self.layout.sandbox_ids())
+        return {
+            r.sandbox_id
+            for r in records
+            if r is not None
+            and any(m.volume_id == volume_id for m in r.volume_mounts)
+            and self.info(r).state is not SandboxState.DEAD
+        }
 
     def volume_files(self, volume_id: str) -> LocalVolumeFiles:
         return LocalVolumeFiles(self.volumes.ensure_mounted(volume_id))
@@ -301,25 +263,8 @@ class LocalRuntime:
         check_spec(spec, self._capacity, self.network is not None)
         with self.layout.locked("sandbox", spec.sandbox_id):
             record = self.layout.read_state(spec.sandbox_id)
-            if record is not None:
-                info = self.info(record, adopted=True)
-                if info.state is not SandboxState.DEAD:
-                    if info.image_id != spec.image_id:
-                        raise RuntimeConflict(
-                            f"sandbox {spec.sandbox_id} exists from image {info.image_id}, "
-                            f"not {spec.image_id}"
-                        )
-                    if record.volume_mounts != tuple(spec.volume_mounts):
-                        raise RuntimeConflict(
-                            f"sandbox {spec.sandbox_id} exists with other volume mounts"
-                        )
-                    if info.pause_mode is PauseMode.FILESYSTEM:
-                        # Made, then its processes ended before its create was answered (a
-                        # crash): it runs again on its files, as its create asked.
-                        booted = launch.boot(self, record)
-                        self.refill.after_create(spec.disk_mb)
-                        return dataclasses.replace(booted, adopted=True)
-                    return info
+            if record is not None and (adopted := launch.adopt(self, record, spec)) is not None:
+                return adopted
             # Dead, or half-made by a creator that crashed before writing its record (we
             # hold the id's lock, so no creator is running): nobody was ever handed this
             # sandbox, so clear it and start afresh.

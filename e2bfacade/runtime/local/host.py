@@ -9,7 +9,21 @@ import shutil
 import socket
 from pathlib import Path
 
-from e2bfacade.runtime.base import Capacity
+from e2bfacade.runtime.base import Capacity, RuntimeUnavailable
+
+
+def check_supported() -> None:
+    """RuntimeUnavailable unless this process and kernel can run the local driver."""
+    if os.geteuid() != 0:
+        raise RuntimeUnavailable(
+            "the local sandbox runtime needs root (it creates namespaces, overlay mounts "
+            "and cgroups); run the service as root or choose another SANDBOX_RUNTIME"
+        )
+    for ns in ("pid", "mnt", "uts", "ipc", "net"):
+        if not os.path.exists(f"/proc/self/ns/{ns}"):
+            raise RuntimeUnavailable(f"this kernel has no {ns} namespaces")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        raise RuntimeUnavailable("this kernel has no overlayfs (modprobe overlay)")
 
 
 def host_id(root: Path) -> str:

@@ -7,6 +7,7 @@ cold boot (:func:`boot`) alike; the end of its processes that keeps its files
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -20,11 +21,13 @@ from e2bfacade.runtime.base import (
     CRASH_REASON,
     CreateRefused,
     ImageNotFound,
+    PauseMode,
     RuntimeBusy,
     RuntimeConflict,
     RuntimeUnavailable,
     SandboxRuntimeError,
     SandboxSpec,
+    SandboxState,
     check_id,
 )
 from e2bfacade.runtime.local import build, lxcfs
@@ -180,6 +183,28 @@ def _launch(
     launched = record.replace(init_pid=pid, init_start=start, booted_at=rt.now(), parked=None)
     launched.save(d)  # the commit point: from here it runs
     return rt.info(launched)
+
+
+def adopt(rt: LocalRuntime, record: SandboxRecord, spec: SandboxSpec) -> LocalSandboxInfo | None:
+    """A create of an id that has a record: the sandbox it names, when it is not dead and
+    was made from the same image with the same volumes (RuntimeConflict otherwise); None
+    when it is dead (the caller makes it afresh). Caller holds the id's lock."""
+    info = rt.info(record, adopted=True)
+    if info.state is SandboxState.DEAD:
+        return None
+    if info.image_id != spec.image_id:
+        raise RuntimeConflict(
+            f"sandbox {spec.sandbox_id} exists from image {info.image_id}, not {spec.image_id}"
+        )
+    if record.volume_mounts != tuple(spec.volume_mounts):
+        raise RuntimeConflict(f"sandbox {spec.sandbox_id} exists with other volume mounts")
+    if info.pause_mode is PauseMode.FILESYSTEM:
+        # Made, then its processes ended before its create was answered (a crash): it runs
+        # again on its files, as its create asked.
+        booted = boot(rt, record)
+        rt.refill.after_create(spec.disk_mb)
+        return dataclasses.replace(booted, adopted=True)
+    return info
 
 
 def boot(rt: LocalRuntime, record: SandboxRecord) -> LocalSandboxInfo:

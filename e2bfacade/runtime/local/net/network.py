@@ -441,3 +441,23 @@ def load_config(layout: Layout) -> NetworkConfig | None:
         return NetworkConfig.from_json(json.loads((layout.root / "run" / CONFIG_FILE).read_text()))
     except FileNotFoundError:
         return None
+
+
+def open_network(layout: Layout, given: NetworkConfig | None, digest: str) -> SandboxNetwork | None:
+    """A root's networking, set up: ``given``, or as the root was last configured (a
+    restart, a second process on the same root); None when there is neither."""
+    config = given or load_config(layout)
+    if config is None:
+        return None
+    network = SandboxNetwork(layout, config, digest)
+    try:
+        network.setup()
+    except RuntimeUnavailable:
+        if given is not None:
+            raise
+        # As last configured, but its uplink is gone: this process can still release rules
+        # and kill; new sandboxes get links with no way out (fail closed).
+        log.warning("sandbox networking is not set up", exc_info=True)
+    if given is not None:  # set up: from now on the root's (a refused one is not)
+        save_config(layout, given)
+    return network

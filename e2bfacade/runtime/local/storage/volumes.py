@@ -32,12 +32,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CreateRefused, check_id
 from e2bfacade.runtime.local.storage import disks, trees
-from e2bfacade.runtime.volumes import VolumeInfo, VolumeNotFound
+from e2bfacade.runtime.volumes import VolumeInfo, VolumeInUse, VolumeNotFound
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.state import Layout
@@ -142,6 +143,19 @@ class VolumeStore:
         st = os.statvfs(d / MOUNT)
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         return VolumeInfo(volume_id=volume_id, size_mb=size_mb, used_bytes=used)
+
+    def delete(self, volume_id: str, users: Callable[[str], set[str]]) -> bool:
+        """Delete the volume; False when there was none; VolumeInUse while ``users`` (the
+        live sandboxes mounting it) names any. Under the volume's lock, which a create or
+        boot that mounts it holds (shared) until its record is written: no sandbox gets a
+        volume that is being deleted."""
+        with self.layout.locked("volume", volume_id):
+            if not self.dir_of(volume_id).exists():
+                return False
+            if found := users(volume_id):
+                named = ", ".join(f"sandbox {u}" for u in sorted(found))
+                raise VolumeInUse(f"volume {volume_id} is mounted by {named}")
+            return self.remove(volume_id)
 
     def remove(self, volume_id: str) -> bool:
         """Unmount and delete the volume; False when there was none. Caller holds its lock
