@@ -56,8 +56,8 @@ class VolumeBudgetExceeded(BadRequest):
 # ------------------------------------------------------------------------------ helpers
 def volume_runtime() -> VolumeRuntime:
     """The process's runtime as volumes need it, built outside any transaction (call it
-    first). Without :attr:`Capability.VOLUME_MOUNTS` every volume route answers 403, as E2B
-    does while volumes are not enabled."""
+    first). Without :attr:`Capability.VOLUME_MOUNTS` a create or a delete answers 403, as
+    E2B does while volumes are not enabled (the reads answer from the database)."""
     message = capabilities.refusal(Capability.VOLUME_MOUNTS)
     if message:
         raise ApiError(message, status=403, error_code="volumes_not_supported")
