@@ -4,6 +4,7 @@ about its own state is caught."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -215,4 +216,14 @@ def compile_static(source: str, out: Path) -> Path:
     subprocess.run(
         ["gcc", "-static", "-O2", "-o", str(out), str(src)], check=True, capture_output=True
     )
+    return out
+
+
+def loop_backings() -> list[str]:
+    """Every loop device's backing file on this host, read from sysfs (a device other
+    tests' roots detach between the listing and the read is gone: skipped)."""
+    out = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(FileNotFoundError):
+            out.append(backing.read_text().strip())
     return out

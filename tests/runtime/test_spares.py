@@ -17,7 +17,14 @@ from e2bfacade.runtime.base import SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.cgroups import SPARE_PREFIX
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import cgroup_file, init_and_agent, kill_and_wait, ok, wait_until
+from tests.runtime.helpers import (
+    cgroup_file,
+    init_and_agent,
+    kill_and_wait,
+    loop_backings,
+    ok,
+    wait_until,
+)
 
 DISK = 1024  # SandboxSpec's default disk size, the one the pool keeps first
 
@@ -170,9 +177,5 @@ def test_discarding_spares_leaves_no_process_group_mount_or_device(rt: LocalRunt
     rt.discard_spares()
     assert not rt.cgroups.spare_groups() and not spare_pids(rt)
     assert pool not in Path("/proc/self/mountinfo").read_text()
-    backings = [
-        (dev / "loop" / "backing_file").read_text()
-        for dev in Path("/sys/block").glob("loop*")
-        if (dev / "loop" / "backing_file").exists()
-    ]
+    backings = loop_backings()
     assert not [b for b in backings if b.startswith(pool)], backings

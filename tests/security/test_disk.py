@@ -13,7 +13,7 @@ import pytest
 
 from e2bfacade.runtime.base import CreateRefused, SandboxSpec, SandboxState
 from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import MiB, buried, ok, run, wait_until
+from tests.runtime.helpers import MiB, buried, loop_backings, ok, run, wait_until
 
 # Writes up to argv[2] MiB to argv[1] in 1 MiB blocks, then, once refused, in 4 KiB ones
 # until the last block is taken; prints the errno's name (or OK) and the MiB written.
@@ -31,16 +31,6 @@ FILL = (
     "        size = 4096\n"
     "print(errno.errorcode[err.errno] if err else 'OK', written >> 20)\n"
 )
-
-
-def loop_backings() -> list[str]:
-    """Every loop device's backing file on this host, read from sysfs."""
-    out = []
-    for dev in Path("/sys/block").glob("loop*"):
-        backing = dev / "loop" / "backing_file"
-        if backing.exists():
-            out.append(backing.read_text().strip())
-    return out
 
 
 def allocated(path: Path) -> int:
