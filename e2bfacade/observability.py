@@ -129,6 +129,17 @@ def sandbox_lost() -> None:
     SANDBOXES_LOST.inc()
 
 
+VOLUME_ORPHANS_REMOVED = Counter(
+    "e2bfacade_volume_orphans_removed",
+    "Volume storage the worker removed from its host because no volume row named it (a "
+    "team's delete cascades to its volume rows and leaves their storage).",
+)
+
+
+def volume_orphan_removed() -> None:
+    VOLUME_ORPHANS_REMOVED.inc()
+
+
 # ------------------------------------------------------------------------------ runtime
 # The operations of e2bfacade.runtime.base.Runtime, and of the guests it resolves
 # (e2bfacade.runtime.guest.Guest): only these are timed (helpers and attributes pass

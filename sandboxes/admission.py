@@ -11,8 +11,14 @@ Checked in the create's reserve transaction, before the sandbox row exists:
 - **Per host**: the memory and disk this host's live sandboxes were given (a sandbox
   paused with its files only holds no memory), plus this one, within the host's capacity
   times ``SANDBOX_MEMORY_OVERCOMMIT`` / ``SANDBOX_DISK_OVERCOMMIT`` (limits are caps,
-  rarely all used at once); other hosts' sandboxes on the same database are theirs. 503
-  with Retry-After; the key is released.
+  rarely all used at once); other hosts' sandboxes on the same database are theirs. The
+  disk counted also holds the size of each of this host's volumes (creating, ready or
+  deleting: each is an image of up to that size on the host's disk). 503 with
+  Retry-After; the key is released.
+
+A volume's create is admitted against the same disk bound (:func:`volume_admit`): the
+live sandboxes' disks, the host's volumes and the new one together. A 400 that releases
+the key, as the team's volume budget answers.
   Concurrent creates of different teams may overshoot this soft bound by their number;
   the hard bound is the driver's cap on all sandboxes together (a memory cgroup over
   them all), which no mix of guests can pass.
@@ -23,11 +29,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection
 
-from e2bfacade.errors import AtCapacity, NothingAllocated
+from e2bfacade.errors import AtCapacity, BadRequest, NothingAllocated
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capacity, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, Volume
 from templates.models import Template
 from templates.services import template_fits
 
@@ -54,7 +60,7 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
         pids_max=template.pids_max,
         disk_size_mb=template.disk_size_mb,
     )
-    team_live, memory_used, disk_used = _usage(team.pk, host)
+    team_live, memory_used, disk_used, volumes_mb = _usage(team.pk, host)
     limit = settings.SANDBOX_MAX_CONCURRENT_PER_TEAM
     if limit and team_live >= limit:
         raise AtCapacity(
@@ -63,26 +69,28 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
             "SANDBOX_MAX_CONCURRENT_PER_TEAM.",
             headers={"Retry-After": "5"},
         )
-    for what, in_use, asked, total, ratio in (
+    for what, in_use, asked, total, ratio, holders in (
         (
             "memory",
             memory_used,
             template.memory_mb,
             cap.memory_mb,
             settings.SANDBOX_MEMORY_OVERCOMMIT,
+            "the live sandboxes hold",
         ),
         (
             "disk",
-            disk_used,
+            disk_used + volumes_mb,
             template.disk_size_mb,
             cap.disk_mb,
             settings.SANDBOX_DISK_OVERCOMMIT,
+            f"the live sandboxes and the volumes ({volumes_mb} MiB) hold",
         ),
     ):
         allowed = int(total * ratio)
         if in_use + asked > allowed:
             raise AtCapacity(
-                f"this host is at capacity: the live sandboxes hold {in_use} MiB of {what} "
+                f"this host is at capacity: {holders} {in_use} MiB of {what} "
                 f"and this one needs {asked} MiB more, over the {allowed} MiB it admits; "
                 "try again when sandboxes have ended",
                 status=503,
@@ -91,13 +99,59 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
     return host
 
 
-def _usage(team_id: int, host: str) -> tuple[int, int, int]:
+class VolumeHostFull(BadRequest):
+    """This host's disk cannot hold another volume beside its live sandboxes' disks and its
+    volumes. A limit, not an answer: an Idempotency-Key is released, so the same key may
+    create once sandboxes have ended or volumes are deleted."""
+
+    releases_key = True
+    error_code = "volume_host_full"
+
+
+def volume_admit(*, size_mb: int) -> str:
+    """Admit a new volume of ``size_mb`` on this host, or raise :class:`VolumeHostFull`;
+    returns the host. One statement; the caller holds the team's row lock (the team's
+    creates are serialised; other teams' may overshoot by their number, as sandboxes')."""
+    cap = host_capacity()
+    host = get_runtime().host_id
+    disks, volumes = _disk_usage(host)
+    allowed = int(cap.disk_mb * settings.SANDBOX_DISK_OVERCOMMIT)
+    if disks + volumes + size_mb > allowed:
+        raise VolumeHostFull(
+            f"this host's disk is at capacity: the live sandboxes' disks hold {disks} MiB and "
+            f"the volumes {volumes} MiB, and a new volume takes {size_mb} MiB, over the "
+            f"{allowed} MiB it admits; delete a volume, or try again when sandboxes have ended"
+        )
+    return host
+
+
+def _volumes_sum() -> str:
+    """A scalar subquery: the size limits of a host's volumes (one parameter, the host).
+    Every row counts: ``creating``, ``ready`` and ``deleting`` each may have an image."""
+    volumes = connection.ops.quote_name(Volume._meta.db_table)
+    return f"(SELECT COALESCE(SUM(size_mb), 0) FROM {volumes} WHERE host IN (%s, ''))"
+
+
+def _disk_usage(host: str) -> tuple[int, int]:
+    """The disk ``host``'s live sandboxes were given and its volumes' size limits, in MiB."""
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0), "
+            f"{_volumes_sum()} FROM {qn(Sandbox._meta.db_table)} WHERE state <> %s",
+            [host, host, Sandbox.State.KILLED.value],
+        )
+        row = cursor.fetchone()
+    return int(row[0]), int(row[1])
+
+
+def _usage(team_id: int, host: str) -> tuple[int, int, int, int]:
     """Lock the team's row (it serialises the creates of one team, so the count is exact),
-    then read the team's live sandboxes (on every host) and the memory and disk every live
-    sandbox of ``host`` holds.
+    then read the team's live sandboxes (on every host), the memory and disk every live
+    sandbox of ``host`` holds, and the size limits of ``host``'s volumes.
     Two statements in plain SQL: through the ORM, compiling them cost more than running
     them (admission took 2.2 ms of every create that way, 0.7 ms now; measured in-process
-    on PostgreSQL)."""
+    on PostgreSQL). The volumes' sum is a scalar subquery of the second: no statement more."""
     qn = connection.ops.quote_name
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     sandboxes = qn(Sandbox._meta.db_table)
@@ -107,7 +161,8 @@ def _usage(team_id: int, host: str) -> tuple[int, int, int]:
             f"SELECT COALESCE(SUM(CASE WHEN team_id = %s THEN 1 ELSE 0 END), 0), "
             f"COALESCE(SUM(CASE WHEN host IN (%s, '') AND NOT (state = %s AND pause_mode = %s)"
             f" THEN memory_mb ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0) "
+            f"COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0), "
+            f"{_volumes_sum()} "
             f"FROM {sandboxes} WHERE state <> %s",
             [
                 team_id,
@@ -115,8 +170,9 @@ def _usage(team_id: int, host: str) -> tuple[int, int, int]:
                 Sandbox.State.PAUSED.value,
                 Sandbox.PauseMode.FILESYSTEM.value,
                 host,
+                host,
                 Sandbox.State.KILLED.value,
             ],
         )
         row = cursor.fetchone()
-    return int(row[0]), int(row[1]), int(row[2])
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])

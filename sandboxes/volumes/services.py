@@ -18,7 +18,7 @@ import posixpath
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import cast
 
 from django.conf import settings
@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from e2bfacade import capabilities
+from e2bfacade import capabilities, observability
 from e2bfacade.errors import ApiError, BadRequest, NotFound, NothingAllocated, ServiceUnavailable
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
@@ -34,6 +34,7 @@ from e2bfacade.runtime.base import Capability, SandboxRuntimeError
 from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeInUse, VolumeRuntime
 from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
+from sandboxes.admission import volume_admit
 from sandboxes.models import SandboxVolumeMount, Volume
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,11 @@ State = Volume.State
 VOLUME_NAME = re.compile(r"[a-zA-Z0-9_-]+")  # E2B's
 MAX_NAME = 255  # the column's
 MAX_PATH = 1024  # bytes: the runtime's bound (a mount point is passed to the launcher)
+# The runtime's storage of a volume no row names is removed once made this long ago. A
+# create inserts (and commits) its row before it makes the storage, and the sweep lists the
+# storage before it reads the rows, so storage it finds without a row has lost it; the
+# grace covers clocks and a listing slower than a create.
+ORPHAN_GRACE = timedelta(minutes=1)
 
 
 class VolumeBudgetExceeded(BadRequest):
@@ -140,6 +146,7 @@ def volume_reserve(*, team: Team, name: str, volume_id: str) -> Volume:
             f"the team's volumes may allocate at most {budget} MB together; {allocated} MB "
             f"are allocated and a new volume takes {size} MB: delete a volume first"
         )
+    host = volume_admit(size_mb=size)  # the host's disk holds it beside sandboxes and volumes
     now = timezone.now()
     try:
         with transaction.atomic():  # a savepoint: the unique constraint stays the arbiter
@@ -150,7 +157,7 @@ def volume_reserve(*, team: Team, name: str, volume_id: str) -> Volume:
                 state=State.CREATING,
                 state_changed_at=now,
                 size_mb=size,
-                host=this_host(),
+                host=host,
             )
     except IntegrityError:
         raise BadRequest(f"Volume with name '{name}' already exists") from None
@@ -281,11 +288,18 @@ def volume_revoke_tokens(*, volume_ids: Sequence[uuid.UUID]) -> int:
 
 
 # -------------------------------------------------------------------------------- sweep
-def volume_sweep(*, older_than: datetime) -> list[str]:
+def volume_sweep(*, older_than: datetime, orphans_made_before: datetime | None = None) -> list[str]:
     """The worker's part, on this host's volumes: finish the deletes a dead process left
     ``deleting``, and remove the volumes an unkeyed create left ``creating`` (its creator
     died before answering, so nobody was handed its id; nothing could be written to it).
-    A keyed create is idempotency's to re-drive. Returns the ids it removed."""
+    A keyed create is idempotency's to re-drive. Returns the ids it removed. Then removes
+    the runtime's orphaned storage (:func:`volume_sweep_orphans`), which it logs itself."""
+    removed = volume_sweep_rows(older_than=older_than)
+    volume_sweep_orphans(made_before=orphans_made_before)
+    return removed
+
+
+def volume_sweep_rows(*, older_than: datetime) -> list[str]:
     removed = []
     host = this_host()
     stale = Volume.objects.filter(
@@ -315,6 +329,46 @@ def volume_sweep(*, older_than: datetime) -> list[str]:
             logger.warning("volume %s: the sweep could not remove it: %s", pk, exc.message)
             continue
         removed.append(str(pk))
+    return removed
+
+
+def volume_sweep_orphans(*, made_before: datetime | None = None) -> list[str]:
+    """Remove this host's volume storage that no volume row names, in any state and on any
+    host (a team's delete cascades to its rows and leaves the storage; so does a row lost
+    any other way), made before ``made_before`` (default: :data:`ORPHAN_GRACE` ago). Storage
+    a live sandbox's record still mounts is kept (the runtime's delete refuses it) until
+    that sandbox ends. Ids that are not UUIDs are not the control plane's: never touched.
+    Logs and counts each removal; returns the ids removed."""
+    if capabilities.refusal(Capability.VOLUME_MOUNTS):
+        return []
+    runtime = cast(VolumeRuntime, get_runtime())
+    cutoff = made_before or timezone.now() - ORPHAN_GRACE
+    try:
+        listed = runtime.volume_ids(made_before=cutoff.timestamp())  # before the rows
+    except STORAGE_ERRORS:
+        logger.warning("volume sweep: cannot list the runtime's volumes", exc_info=True)
+        return []
+    ids: dict[uuid.UUID, str] = {}
+    for raw in listed:
+        try:
+            ids[uuid.UUID(raw)] = raw
+        except ValueError:
+            continue
+    named = set(Volume.objects.filter(pk__in=list(ids)).values_list("pk", flat=True))
+    removed = []
+    for pk in sorted(set(ids) - named)[:100]:
+        raw = ids[pk]
+        try:
+            runtime.delete_volume(raw)
+        except VolumeInUse:
+            logger.info("volume %s: no row names it, but a live sandbox mounts it: kept", raw)
+            continue
+        except STORAGE_ERRORS:
+            logger.warning("volume %s: cannot remove its orphaned storage", raw, exc_info=True)
+            continue
+        logger.warning("volume %s: removed its storage, which no volume row names", raw)
+        observability.volume_orphan_removed()
+        removed.append(raw)
     return removed
 
 

@@ -194,6 +194,9 @@ class LocalRuntime:
             and self.info(r).state is not SandboxState.DEAD
         }
 
+    def volume_ids(self, *, made_before: float | None = None) -> set[str]:
+        return self.volumes.ids(made_before=made_before)
+
     def volume_files(self, volume_id: str) -> LocalVolumeFiles:
         return LocalVolumeFiles(self.volumes.ensure_mounted(volume_id))
 

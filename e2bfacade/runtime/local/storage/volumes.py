@@ -67,9 +67,23 @@ class VolumeStore:
     def exists(self, volume_id: str) -> bool:
         return (self.dir_of(volume_id) / IMAGE).exists()
 
-    def ids(self) -> set[str]:
+    def ids(self, *, made_before: float | None = None) -> set[str]:
+        """The volumes' ids; with ``made_before``, only those made before then: by their
+        directory's ctime, which the create's rename into place sets last (writes to the
+        volume change its image, not the directory)."""
+        found = set()
         with os.scandir(self.root) as entries:
-            return {e.name for e in entries if not e.name.startswith(".")}
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                if made_before is not None:
+                    try:
+                        if e.stat(follow_symlinks=False).st_ctime >= made_before:
+                            continue
+                    except FileNotFoundError:  # deleted meanwhile
+                        continue
+                found.add(e.name)
+        return found
 
     def create(self, volume_id: str, size_mb: int, max_mb: int) -> VolumeInfo:
         """Make the volume (idempotent by id: an existing one is returned as it is, with
