@@ -8,11 +8,9 @@ ipc, net and cgroup namespaces; an overlay root over idmapped read-only image la
 writable layer on a disk of its own; cgroup memory, pid and cpu limits; seccomp; a reaping
 PID 1; a veth link and nftables rules when networking is configured.
 
-A sandbox's files outlive its processes: a filesystem-only pause ends the processes and
-keeps the disk (:meth:`LocalRuntime.park`), and a sandbox whose processes died under it
-(a crash, a host reboot) is kept the same way, paused, with a reason. A resume cold-boots
-it (:meth:`LocalRuntime.boot`): a new init on the same disk, id range, host name and
-access token.
+A sandbox's files outlive its processes: a filesystem-only pause, or processes that died
+under it (a crash, a reboot), leave it paused on its disk (``launch.park``); a resume
+cold-boots it on the same disk, id range, host name and access token (``launch.boot``).
 """
 
 from __future__ import annotations
