@@ -23,7 +23,7 @@ from django.utils import timezone
 from e2bfacade import crypto
 from e2bfacade.errors import ApiError, AtCapacity, BadRequest
 from e2bfacade.models import Team
-from templates.builds import names
+from templates.builds import names, wakeup
 from templates.models import (
     DEFAULT_TAG,
     BuildLogEntry,
@@ -249,6 +249,7 @@ def build_trigger(
         build.spec, build.spec_digest, build.registry_auth = spec, digest, auth
         build.status, build.started_at = BuildStatus.BUILDING, timezone.now()
         build.save(update_fields=["spec", "spec_digest", "registry_auth", "status", "started_at"])
+        wakeup.announce()
     return build
 
 

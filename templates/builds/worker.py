@@ -27,7 +27,7 @@ from django.utils import timezone
 from e2bfacade import crypto
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
-from templates.builds import bases, files, tags
+from templates.builds import bases, files, tags, wakeup
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan
 from templates.builds.services import append_log, finish_error
 from templates.builds.steps import Context, StepFailed
@@ -36,7 +36,6 @@ from templates.models import BuildStatus, LayerCacheEntry, TemplateBuild
 logger = logging.getLogger("e2bfacade.builds")
 MAX_ATTEMPTS = 3
 BUILD_DISK_MB = 4096
-IDLE_SECONDS = 0.1
 LOG_BATCH = 64
 LOG_SECONDS = 0.2
 
@@ -323,22 +322,27 @@ def new_owner() -> str:
 def loop(stop: threading.Event) -> None:
     """Claim and run builds until ``stop`` is set."""
     owner = new_owner()
-    while not stop.is_set():
-        close_old_connections()
-        try:
-            build = claim(owner)
-        except Exception:
-            logger.exception("claiming a build failed; trying again")
-            build = None
-        if build is None:
-            stop.wait(IDLE_SECONDS)
-            continue
-        try:
-            run(build, owner)
-        except Exception:
-            # Its finish could not be written (the database went away): the lease runs
-            # out and a worker re-drives it; this thread goes on claiming.
-            logger.exception("build %s ended without its outcome recorded", build.pk)
+    waiter = wakeup.Waiter()
+    try:
+        while not stop.is_set():
+            close_old_connections()
+            try:
+                build = claim(owner)
+            except Exception:
+                logger.exception("claiming a build failed; trying again")
+                build = None
+            if build is None:
+                waiter.idle(stop)
+                continue
+            waiter.busy()
+            try:
+                run(build, owner)
+            except Exception:
+                # Its finish could not be written (the database went away): the lease runs
+                # out and a worker re-drives it; this thread goes on claiming.
+                logger.exception("build %s ended without its outcome recorded", build.pk)
+    finally:
+        waiter.close()
 
 
 def start_threads(stop: threading.Event) -> list[threading.Thread]:
