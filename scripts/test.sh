@@ -105,7 +105,7 @@ gates() {
 sqlite_tests=(
     tests/api tests/idempotency tests/ops tests/retry
     tests/test_admin.py tests/test_api_keys.py tests/test_auth.py tests/test_create_team.py
-    tests/test_errors.py tests/test_rate_limit.py tests/test_secrets.py
+    tests/test_errors.py tests/test_rate_limit.py tests/test_secrets.py tests/test_build_wakeup.py
     tests/contract/test_python_sdk_sync.py tests/contract/test_filesystem_pause.py
 )
 sqlite_url="sqlite:///$logs/e2bfacade-test.sqlite3"
@@ -126,15 +126,15 @@ else
     # run side by side, each pytest in its own process with its own database and sandbox
     # roots (every test makes its own; nothing is shared but the host). The lines are
     # balanced by their measured times (docs/performance.md, "The suite"); SQLite's is the
-    # shortest, so the third line runs PostgreSQL's faults and browser after it. Every
+    # shortest, so the third line runs PostgreSQL's faults after it. Every
     # line's output is printed whole once it ends.
     pg=postgres://postgres@127.0.0.1:5432
-    pg_1=(tests/codeinterpreter tests/network tests/security tests/soak)
+    pg_1=(tests/codeinterpreter tests/network tests/security tests/soak tests/browser)
     pg_2=(
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults tests/browser)
+    pg_3=(tests/faults)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_tests[@]}" || status=$?
