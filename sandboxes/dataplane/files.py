@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import hmac
 import json
@@ -18,7 +19,7 @@ import posixpath
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -361,63 +362,91 @@ def _receive_upload(
 
 async def upload(scope: dict[str, Any], receive: Receive, send: Send, caller: Caller) -> None:
     """The body is received in the loop and handed to the writing thread (a thread of the
-    sandbox's share, held for the upload) without a thread of its own (streams.Feed). A
-    body that moves less than :data:`PROGRESS` bytes in ``DATAPLANE_BODY_IDLE_SECONDS`` is
-    given up: the write fails, and the client is answered 408."""
+    sandbox's share, held for the upload) without a thread of its own (:func:`receive_body`).
+    A body that stops is answered 408."""
+    async with streams.slot():
+        try:
+            written = await receive_body(
+                receive, functools.partial(_receive_upload, caller, scope), window=BODY_WINDOW
+            )
+        except BodyStopped as exc:
+            raise _stopped(exc.idle) from None
+        except BodyCut:
+            # No one to answer: the write is given up (its Aborted is no error of the
+            # server's, and a client that opens and drops uploads by the thousand must not
+            # have a traceback logged for each).
+            return
+    await respond(send, 200, json.dumps(written).encode())
+
+
+class BodyStopped(Exception):
+    """An upload's body moved less than :data:`PROGRESS` bytes in ``idle`` seconds."""
+
+    def __init__(self, idle: float) -> None:
+        super().__init__(idle)
+        self.idle = idle
+
+
+class BodyCut(Exception):
+    """The client went away before its upload's body ended."""
+
+
+async def receive_body(receive: Receive, write: Callable[[streams.Feed], T], *, window: int) -> T:
+    """Receive a request's body in the event loop and hand it to ``write``, run on a thread
+    of the caller's share (it holds ``streams.slot()``), through a :class:`streams.Feed` of
+    ``window`` chunks: no thread waits on the loop for a chunk. A body that moves less than
+    :data:`PROGRESS` bytes in ``DATAPLANE_BODY_IDLE_SECONDS`` raises BodyStopped, a client
+    that goes away BodyCut (``write`` is given up in both: it meets ``streams.Aborted``);
+    what ``write`` raises is raised once the rest of the body is read (within bounds)."""
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
     loop = asyncio.get_running_loop()
-    async with streams.slot():
-        # The share may have been waited for: a client that went away meanwhile gets no
-        # thread (after a thousand uploads are dropped at once, each waiter would take one
-        # in turn only to give it up).
-        try:
-            pending: dict[str, Any] | None = await asyncio.wait_for(receive(), idle)
-        except TimeoutError:
-            raise _stopped(idle) from None
-        if pending is None or pending["type"] == "http.disconnect":
-            return
-        body = streams.Feed(BODY_WINDOW)
-        writer = asyncio.ensure_future(streams.run(_receive_upload, caller, scope, body))
-        more = True
-        try:
-            since, moved = loop.time(), 0
-            while more and not writer.done():
-                try:
-                    message = pending or await _first(receive(), writer, since + idle - loop.time())
-                    pending = None
-                except TimeoutError:
-                    body.abort("the upload was given up: its body stopped")
-                    await _quietly(writer)
-                    raise _stopped(idle) from None
-                if message is None:  # the writer ended (refused the body) first
-                    break
-                if message["type"] == "http.disconnect":
-                    # No one to answer: the write is given up (its Aborted is no error of
-                    # the server's, and a client that opens and drops uploads by the
-                    # thousand must not have a traceback logged for each).
-                    body.abort("the client went away before the body ended")
-                    await _quietly(writer)
-                    return
-                chunk = message.get("body", b"")
-                more = message.get("more_body", False)
-                moved += len(chunk)
-                if moved >= PROGRESS or not more:
-                    since, moved = loop.time(), 0
-                if chunk:
-                    await _first(body.put(chunk), writer, None)
-            if not more:
-                body.end()
+    # The share may have been waited for: a client that went away meanwhile gets no thread
+    # (after a thousand uploads are dropped at once, each waiter would take one in turn
+    # only to give it up).
+    try:
+        pending: dict[str, Any] | None = await asyncio.wait_for(receive(), idle)
+    except TimeoutError:
+        raise BodyStopped(idle) from None
+    if pending is None or pending["type"] == "http.disconnect":
+        raise BodyCut
+    body = streams.Feed(window)
+    writer = asyncio.ensure_future(streams.run(write, body))
+    more = True
+    try:
+        since, moved = loop.time(), 0
+        while more and not writer.done():
             try:
-                written = await writer
-            except FilesError:
-                if more:
-                    await _drain(receive)
-                raise
-        finally:
-            body.abort("the upload was given up")
-            # The share's thread is given back once the writer has let go of it.
-            await _quietly(writer)
-    await respond(send, 200, json.dumps(written).encode())
+                message = pending or await _first(receive(), writer, since + idle - loop.time())
+                pending = None
+            except TimeoutError:
+                body.abort("the upload was given up: its body stopped")
+                await _quietly(writer)
+                raise BodyStopped(idle) from None
+            if message is None:  # the writer ended (refused the body) first
+                break
+            if message["type"] == "http.disconnect":
+                body.abort("the client went away before the body ended")
+                await _quietly(writer)
+                raise BodyCut
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            moved += len(chunk)
+            if moved >= PROGRESS or not more:
+                since, moved = loop.time(), 0
+            if chunk:
+                await _first(body.put(chunk), writer, None)
+        if not more:
+            body.end()
+        try:
+            return await writer
+        except Exception:
+            if more:
+                await _drain(receive)
+            raise
+    finally:
+        body.abort("the upload was given up")
+        # The share's thread is given back once the writer has let go of it.
+        await _quietly(writer)
 
 
 PROGRESS = 1 << 16  # an upload's body must move this much in DATAPLANE_BODY_IDLE_SECONDS

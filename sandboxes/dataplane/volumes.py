@@ -39,11 +39,12 @@ from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import (
     PROGRESS,
+    BodyCut,
+    BodyStopped,
     _drain,
-    _first,
     _gone,
-    _quietly,
     query_of,
+    receive_body,
     respond,
 )
 from sandboxes.dataplane.target import StreamCut, cut_connection, header
@@ -477,8 +478,6 @@ async def _upload(
     once the body is complete. A body that moves less than ``PROGRESS`` bytes in
     ``DATAPLANE_BODY_IDLE_SECONDS`` is given up (408); a client that goes away leaves the
     old file as it was."""
-    idle = settings.DATAPLANE_BODY_IDLE_SECONDS
-    loop = asyncio.get_running_loop()
 
     def write(body: streams.Feed) -> VolumeEntry:
         try:
@@ -488,50 +487,13 @@ async def _upload(
 
     async with streams.slot():
         try:
-            pending: dict[str, Any] | None = await asyncio.wait_for(receive(), idle)
-        except TimeoutError:
-            raise _stopped(idle) from None
-        if pending is None or pending["type"] == "http.disconnect":
-            raise ContentError(400, "the client went away before the body ended")
-        body = streams.Feed(BODY_WINDOW)
-        writer = asyncio.ensure_future(streams.run(write, body))
-        more = True
-        try:
-            since, moved = loop.time(), 0
-            while more and not writer.done():
-                try:
-                    message = pending or await _first(receive(), writer, since + idle - loop.time())
-                    pending = None
-                except TimeoutError:
-                    body.abort("the upload was given up: its body stopped")
-                    await _quietly(writer)
-                    raise _stopped(idle) from None
-                if message is None:  # the writer ended (refused the body) first
-                    break
-                if message["type"] == "http.disconnect":
-                    body.abort("the client went away before the body ended")
-                    await _quietly(writer)
-                    raise ContentError(400, "the client went away before the body ended")
-                chunk = message.get("body", b"")
-                more = message.get("more_body", False)
-                moved += len(chunk)
-                if moved >= PROGRESS or not more:
-                    since, moved = loop.time(), 0
-                if chunk:
-                    await _first(body.put(chunk), writer, None)
-            if not more:
-                body.end()
-            try:
-                return await writer
-            except ContentError:
-                if more:
-                    await _drain(receive)
-                raise
-            except streams.Aborted as exc:
-                raise ContentError(400, exc.message) from None
-        finally:
-            body.abort("the upload was given up")
-            await _quietly(writer)
+            return await receive_body(receive, write, window=BODY_WINDOW)
+        except BodyStopped as exc:
+            raise _stopped(exc.idle) from None
+        except BodyCut:
+            raise ContentError(400, "the client went away before the body ended") from None
+        except streams.Aborted as exc:
+            raise ContentError(400, exc.message) from None
 
 
 def _stopped(idle: float) -> ContentError:
