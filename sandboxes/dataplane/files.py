@@ -159,6 +159,30 @@ async def download(scope: dict[str, Any], receive: Receive, send: Send, caller: 
     except SandboxRuntimeError as exc:
         raise files_error(exc, path) from None
 
+    name = posixpath.basename(path.rstrip("/")) or "file"
+    # No Content-Length: the file may change while it is sent (and a symlink's lstat size
+    # is not its target's); the body is chunked, and is what was read.
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-disposition", f"inline; filename={name}".encode()),
+    ]
+    await send_body(scope, receive, send, reader, headers, lambda exc: files_error(exc, path))
+
+
+async def send_body(
+    scope: dict[str, Any],
+    receive: Receive,
+    send: Send,
+    reader: Iterator[bytes],
+    headers: list[tuple[bytes, bytes]],
+    refused: Callable[[SandboxRuntimeError], Exception],
+) -> None:
+    """Answer 200 with ``headers`` and ``reader``'s chunks, each read on a thread of the
+    share and sent from the loop. The first chunk is read before the answer starts: a
+    failure there raises ``refused(error)``. A chunk the client does not take within
+    ``DATAPLANE_BODY_IDLE_SECONDS`` cuts the connection, a client that went away ends the
+    reading, and the reader is closed in every case."""
+
     def close() -> None:
         getattr(reader, "close", lambda: None)()
 
@@ -166,26 +190,14 @@ async def download(scope: dict[str, Any], receive: Receive, send: Send, caller: 
         first = await streams.call(next, reader, b"")
     except SandboxRuntimeError as exc:
         await streams.call(close)
-        raise files_error(exc, path) from None
+        raise refused(exc) from None
     except BaseException:
         await streams.call(close)
         raise
-    name = posixpath.basename(path.rstrip("/")) or "file"
     idle = settings.DATAPLANE_BODY_IDLE_SECONDS
     gone = asyncio.ensure_future(_gone(receive))
     try:
-        # No Content-Length: the file may change while it is sent (and a symlink's lstat
-        # size is not its target's); the body is chunked, and is what was read.
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/octet-stream"),
-                    (b"content-disposition", f"inline; filename={name}".encode()),
-                ],
-            }
-        )
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         chunk = first
         while chunk and not gone.done():
             message = {"type": "http.response.body", "body": chunk, "more_body": True}
@@ -197,8 +209,8 @@ async def download(scope: dict[str, Any], receive: Receive, send: Send, caller: 
         if not gone.done():
             await send({"type": "http.response.body", "body": b""})
     except SandboxRuntimeError:
-        # The file could not be read on (its sandbox ended): the answer is already under
-        # way, so the connection is cut, as a vanished envd's would be.
+        # The file could not be read on (its sandbox ended, its volume went): the answer
+        # is already under way, so the connection is cut, as a vanished envd's would be.
         cut_connection(scope, "the file could not be read to its end")
     finally:
         gone.cancel()

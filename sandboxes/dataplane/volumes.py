@@ -42,12 +42,12 @@ from sandboxes.dataplane.files import (
     BodyCut,
     BodyStopped,
     _drain,
-    _gone,
     query_of,
     receive_body,
     respond,
+    send_body,
 )
-from sandboxes.dataplane.target import StreamCut, cut_connection, header
+from sandboxes.dataplane.target import StreamCut, header
 
 log = logging.getLogger(__name__)
 
@@ -424,43 +424,8 @@ async def _download(
     ``DATAPLANE_BODY_IDLE_SECONDS`` cuts the connection, and a client that went away ends
     the reading (a huge, or sparse, file is never read to its end for no one)."""
     reader = await _call(path, files.read_file, path, CHUNK)
-
-    def close() -> None:
-        getattr(reader, "close", lambda: None)()
-
-    try:
-        first = await streams.call(next, reader, b"")
-    except SandboxRuntimeError as exc:
-        await streams.call(close)
-        raise content_error(exc, path) from None
-    except BaseException:
-        await streams.call(close)
-        raise
-    idle = settings.DATAPLANE_BODY_IDLE_SECONDS
-    gone = asyncio.ensure_future(_gone(receive))
-    try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/octet-stream")],
-            }
-        )
-        chunk = first
-        while chunk and not gone.done():
-            message = {"type": "http.response.body", "body": chunk, "more_body": True}
-            try:
-                await asyncio.wait_for(send(message), idle)
-            except TimeoutError:
-                cut_connection(scope, f"the client took no data for {idle:g}s")
-            chunk = await streams.call(next, reader, b"")
-        if not gone.done():
-            await send({"type": "http.response.body", "body": b""})
-    except SandboxRuntimeError:
-        cut_connection(scope, "the file could not be read to its end")
-    finally:
-        gone.cancel()
-        await streams.call(close)
+    headers = [(b"content-type", b"application/octet-stream")]
+    await send_body(scope, receive, send, reader, headers, lambda exc: content_error(exc, path))
 
 
 async def _upload(
