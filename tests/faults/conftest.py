@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import live_checks as lc
 from tests.support.live_fixtures import attach_log_tails, started
-from tests.support.live_server import LiveServer
+from tests.support.live_server import Deployment, LiveServer, Server
 
 # SIGKILL the process that reaches the point; or raise a runtime error there.
 KILL_POINTS = ["runtime.pause.after", "runtime.kill.after", "runtime.create.after"]
@@ -98,3 +98,11 @@ def pytest_runtest_makereport(
     report = yield
     attach_log_tails(report)
     return report
+
+
+@pytest.fixture
+def cut_deployment() -> Iterator[tuple[Deployment, Server]]:
+    """A deployment of its own (one team; a server with its lifecycle worker), for the tests
+    that cut the power under it: every process of it may be killed and started again."""
+    with Deployment(teams=1, prefix="e2bp") as deployment:
+        yield deployment, deployment.server(lifecycle_worker=True)

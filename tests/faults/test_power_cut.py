@@ -8,37 +8,20 @@ files), and nothing is deleted but by a kill."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
 import pytest
 from e2b import Sandbox
 
+from tests.support.live_checks import sandbox_detail
 from tests.support.live_server import Deployment, Server
 from tests.support.runtime_support import power_cut
 
 MARKERS = {"running": "r", "frozen": "f", "filesystem": "s"}
 
 
-@pytest.fixture
-def deployment() -> Iterator[tuple[Deployment, Server]]:
-    with Deployment(teams=1, prefix="e2bp") as deployment:
-        yield deployment, deployment.server(lifecycle_worker=True)
-
-
-def detail(server: Server, api_key: str, sandbox_id: str) -> dict[str, object]:
-    response = httpx.get(
-        f"{server.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api_key}, timeout=30
-    )
-    assert response.status_code == 200, response.text
-    body: dict[str, object] = response.json()
-    return body
-
-
 def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
-    deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
+    cut_deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dep, server = deployment
+    dep, server = cut_deployment
     api_key = dep.take_team().api_key
     monkeypatch.setenv("E2B_API_URL", server.url)
     monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
@@ -52,7 +35,8 @@ def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
     assert made["frozen"].pause()
     assert made["filesystem"].pause(keep_memory=False)
     tokens = {
-        name: detail(server, api_key, s.sandbox_id)["envdAccessToken"] for name, s in made.items()
+        name: sandbox_detail(server.url, api_key, s.sandbox_id)["envdAccessToken"]
+        for name, s in made.items()
     }
 
     server.kill()
@@ -61,7 +45,7 @@ def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
     server.run_worker_once()  # one reconcile now, rather than waiting for the worker's
 
     for name, sbx in made.items():
-        info = detail(server, api_key, sbx.sandbox_id)
+        info = sandbox_detail(server.url, api_key, sbx.sandbox_id)
         assert (info["state"], info["pauseMode"]) == ("paused", "filesystem"), (name, info)
         if name == "filesystem":
             assert info["pauseReason"] is None  # paused as asked
@@ -73,7 +57,7 @@ def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
         assert resumed.sandbox_id == sbx.sandbox_id
         assert resumed.files.read("/home/user/marker.txt") == MARKERS[name]
         assert resumed.commands.run("echo alive").stdout == "alive\n"
-        info = detail(server, api_key, sbx.sandbox_id)
+        info = sandbox_detail(server.url, api_key, sbx.sandbox_id)
         assert info["state"] == "running" and info["pauseReason"] is None
     for sbx in made.values():
         assert Sandbox.kill(sbx.sandbox_id) is True

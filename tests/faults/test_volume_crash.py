@@ -12,33 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
 
-import httpx
 import pytest
 from e2b import Sandbox, Volume, VolumeException
 
+from tests.support.live_checks import sandbox_detail
 from tests.support.live_server import Deployment, Server
 from tests.support.runtime_support import power_cut
 
 A_PATH = "/mnt/data"  # where the running sandbox mounts the volume
 B_PATH = "/data"  # and the paused one: each sandbox has its own path
 BLOB = 1 << 20
-
-
-@pytest.fixture
-def deployment() -> Iterator[tuple[Deployment, Server]]:
-    with Deployment(teams=1, prefix="e2bv") as deployment:
-        yield deployment, deployment.server(lifecycle_worker=True)
-
-
-def detail(server: Server, api_key: str, sandbox_id: str) -> dict[str, object]:
-    response = httpx.get(
-        f"{server.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api_key}, timeout=30
-    )
-    assert response.status_code == 200, response.text
-    body: dict[str, object] = response.json()
-    return body
 
 
 def mounted_at(sbx: Sandbox, path: str) -> bool:
@@ -48,9 +32,9 @@ def mounted_at(sbx: Sandbox, path: str) -> bool:
 
 
 def test_a_power_cut_keeps_a_volume_its_content_and_both_sandboxes_mounts(
-    deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
+    cut_deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dep, server = deployment
+    dep, server = cut_deployment
     api_key = dep.take_team().api_key
     monkeypatch.setenv("E2B_API_URL", server.url)
     monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
@@ -70,7 +54,7 @@ def test_a_power_cut_keeps_a_volume_its_content_and_both_sandboxes_mounts(
     blob_sha = made.stdout.split()[0]
     b.commands.run(f"echo from-b > {B_PATH}/b.txt && sync", user="user")
     assert b.pause()
-    assert detail(server, api_key, b.sandbox_id)["state"] == "paused"
+    assert sandbox_detail(server.url, api_key, b.sandbox_id)["state"] == "paused"
 
     server.kill()
     power_cut(server.sandbox_root)
@@ -84,7 +68,7 @@ def test_a_power_cut_keeps_a_volume_its_content_and_both_sandboxes_mounts(
     assert len(blob) == BLOB and hashlib.sha256(blob).hexdigest() == blob_sha
     assert sorted(e.name for e in vol.list("/")) == ["b.txt", "blob", "dir"]
     for sbx in (a, b):
-        info = detail(server, api_key, sbx.sandbox_id)
+        info = sandbox_detail(server.url, api_key, sbx.sandbox_id)
         assert info["state"] == "paused", info  # the cut paused the running one too
         assert info["volumeMounts"], info
     # Both sandboxes live (paused), so the volume may not go.

@@ -173,3 +173,13 @@ def access_log_5xx(log_path: Path) -> list[str]:
         for line in text.splitlines()
         if (m := ACCESS_LINE.search(line)) and m["status"].startswith("5")
     ]
+
+
+def sandbox_detail(url: str, api_key: str, sandbox_id: str) -> dict[str, Any]:
+    """``GET /sandboxes/{id}``'s body, asserting a 200."""
+    response = httpx.get(
+        f"{url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api_key}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
