@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from django.contrib import admin, messages
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Model, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
 from e2bfacade.auth import forget_api_keys
 from e2bfacade.models import ApiKey, Team, api_key_create
+
+_M = TypeVar("_M", bound=Model)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
+    """The operator's pages of rows the service owns: no form adds, changes or deletes one
+    (what an operator may do to them are actions, through the service's own writes)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Team)

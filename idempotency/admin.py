@@ -19,6 +19,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from e2bfacade import crypto
+from e2bfacade.admin import ReadOnlyAdmin
 from idempotency.maintenance import purge_expired
 from idempotency.models import IdempotencyRecord
 from idempotency.registry import find_operation
@@ -72,7 +73,7 @@ class ExpiredFilter(admin.SimpleListFilter):
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
+class IdempotencyRecordAdmin(ReadOnlyAdmin[IdempotencyRecord]):
     list_display = [
         "key",
         "route",
@@ -168,12 +169,3 @@ class IdempotencyRecordAdmin(admin.ModelAdmin[IdempotencyRecord]):
     def purge_expired_records(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         n = purge_expired()
         self.message_user(request, f"purged {n} expired idempotency records")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -7,8 +7,6 @@ tokens"."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin, messages
 from django.db.models import Exists, OuterRef, QuerySet, TextField
 from django.db.models.functions import Cast
@@ -18,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from e2bfacade.admin import ReadOnlyAdmin
 from e2bfacade.errors import ApiError, NotFound
 from e2bfacade.runtime.base import SandboxRuntimeError
 from idempotency.admin import record_link
@@ -57,7 +56,7 @@ FIELDS = (
 
 
 @admin.register(Sandbox)
-class SandboxAdmin(admin.ModelAdmin[Sandbox]):
+class SandboxAdmin(ReadOnlyAdmin[Sandbox]):
     list_display = [
         "sandbox_id",
         "team",
@@ -153,17 +152,8 @@ class SandboxAdmin(admin.ModelAdmin[Sandbox]):
 
     def has_kill_permission(self, request: HttpRequest) -> bool:
         # Django's own change permission (superusers have it), not has_change_permission
-        # below, which is off so that no form can edit a row.
+        # (ReadOnlyAdmin), which is off so that no form can edit a row.
         return request.user.has_perm("sandboxes.change_sandbox")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 VOLUME_FIELDS = (
@@ -183,7 +173,7 @@ VOLUME_FIELDS = (
 
 
 @admin.register(Volume)
-class VolumeAdmin(admin.ModelAdmin[Volume]):
+class VolumeAdmin(ReadOnlyAdmin[Volume]):
     list_display = ["name", "volume_id", "team", "state", "size_mb", "host", "created_at"]
     list_filter = ["state", "host", "team"]
     list_select_related = ["team"]
@@ -236,12 +226,3 @@ class VolumeAdmin(admin.ModelAdmin[Volume]):
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("sandboxes.change_volume")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

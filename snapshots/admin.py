@@ -3,8 +3,6 @@ taken from, and the idempotency record of a keyed snapshot request."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -13,6 +11,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from e2bfacade.admin import ReadOnlyAdmin
 from idempotency.admin import record_link
 from sandboxes.models import Sandbox
 from snapshots.models import Snapshot
@@ -34,7 +33,7 @@ FIELDS = (
 
 
 @admin.register(Snapshot)
-class SnapshotAdmin(admin.ModelAdmin[Snapshot]):
+class SnapshotAdmin(ReadOnlyAdmin[Snapshot]):
     list_display = ["template_id", "alias", "owner", "source_sandbox_id", "size", "created_at"]
     list_filter = ["team"]
     list_select_related = ["team"]
@@ -69,12 +68,3 @@ class SnapshotAdmin(admin.ModelAdmin[Snapshot]):
         if obj.team_id is None:
             return "—"
         return record_link(team_id=obj.team_id, resource_id=obj.template_id)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
