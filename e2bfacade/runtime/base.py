@@ -526,7 +526,12 @@ class Runtime(Protocol):
         its files."""
         ...
 
-    def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo: ...
+    def snapshot(self, sandbox_id: str, image_id: str, *, memory: bool = False) -> ImageInfo:
+        """Capture the sandbox's files as image ``image_id`` (idempotent by that id); with
+        ``memory`` (MEMORY_SNAPSHOTS), its processes and their memory too: a sandbox
+        created from the image continues them. The sandbox keeps running (or paused)."""
+        ...
+
     def kill(self, sandbox_id: str) -> bool: ...
 
     def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:

@@ -19,7 +19,8 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
     its files only, for a reason or none), or dead."""
     mode, reason = None, None
     if record.parked is not None:
-        state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, record.parked.reason
+        state, reason = SandboxState.PAUSED, record.parked.reason
+        mode = PauseMode.FULL if record.parked.memory else PauseMode.FILESYSTEM
     elif proc_starttime(record.init_pid) != record.init_start:
         # Its processes ended without a pause: its files are kept (a pool sandbox's
         # are no one's), and it is paused until a resume cold-boots it.
@@ -53,20 +54,24 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
 
 def census(rt: LocalRuntime) -> Census:
     """The created sandboxes (no pool sandbox) that are not dead: those whose init
-    lives (paused or not), and those ``kept`` with their files only (parked, or their
-    init died and their disk is there) — what :meth:`list` holds that is not dead, for
-    the worker's reconcile, every tick. One directory walk, a stat per sandbox (its
-    record is parsed again only when it changed), one poll of the inits' pidfds
-    (:class:`InitWatch`, kept by this runtime object) and a stat per dead one."""
-    inits, kept = {}, set()
+    lives (paused or not) or whose memory is checkpointed, and those ``kept`` with their
+    files only (parked, or their init died and their disk is there) — what :meth:`list`
+    holds that is not dead, for the worker's reconcile, every tick. One directory walk, a
+    stat per sandbox (its record is parsed again only when it changed), one poll of the
+    inits' pidfds (:class:`InitWatch`, kept by this runtime object) and a stat per dead
+    one."""
+    inits: dict[str, tuple[int, int]] = {}
+    kept: set[str] = set()
+    checkpointed: set[str] = set()
     for sid in rt.layout.sandbox_ids():
         record = rt.layout.read_state_cached(sid)
         if record is None or record.is_warm:
             continue
         if record.parked is not None:
-            kept.add(sid)
+            # Parked with its memory checkpointed (gVisor): paused in full, not kept.
+            (checkpointed if record.parked.memory else kept).add(sid)
         else:
             inits[sid] = (record.init_pid, record.init_start)
     alive = rt._init_watch.alive(inits)
     kept |= {s for s in inits.keys() - alive if disks.exists(rt.layout.sandbox_dir(s))}
-    return Census(live=frozenset(alive | kept), kept=frozenset(kept))
+    return Census(live=frozenset(alive | kept | checkpointed), kept=frozenset(kept))

@@ -10,7 +10,8 @@ PID 1; a veth link and nftables rules when networking is configured.
 
 A sandbox's files outlive its processes: a filesystem-only pause, or processes that died
 under it (a crash, a reboot), leave it paused on its disk (``launch.park``); a resume
-cold-boots it on the same disk, id range, host name and access token (``launch.boot``).
+cold-boots it on the same disk, id range, host name and access token (``launch.boot``). The
+steps that start and stop processes are in steps.py, which the gVisor driver replaces.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from e2bfacade.runtime.local.pools.spares import Spares
 from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
 from e2bfacade.runtime.local.state import InitWatch, Layout
+from e2bfacade.runtime.local.steps import Steps
 from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
@@ -64,7 +66,7 @@ from e2bfacade.runtime.volumes import VolumeInfo
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 
 
-class LocalRuntime:
+class LocalRuntime(Steps):
     name = "local"
     capabilities = frozenset(
         {
@@ -288,7 +290,7 @@ class LocalRuntime:
                     self.warm.keep(spec)  # its replacement
                     return claimed
                 info = launch.prepare(self, spec, chain)
-                if start is not None:
+                if start is not None and not self.restores_processes(chain):
                     run_start_command(self.guest(spec.sandbox_id), start)
                 if pooled:
                     self.warm.keep(spec)
@@ -312,10 +314,9 @@ class LocalRuntime:
         with self.layout.locked("sandbox", sandbox_id):
             record, _ = self._require(sandbox_id, SandboxState.RUNNING)
             if not memory:
-                launch.park(self, record, None)
+                self.park(record, None)
                 return
-            self.cgroups.freeze(sandbox_id)
-            self._link_up(sandbox_id, False)  # no packet in or out while frozen
+            self.pause_memory(record)
 
     def resume(self, sandbox_id: str, *, memory: bool = True) -> None:
         """Thaw a frozen sandbox, or cold-boot one that kept only its files (and, without
@@ -323,18 +324,12 @@ class LocalRuntime:
         with self.layout.locked("sandbox", sandbox_id):
             record, info = self._require(sandbox_id, SandboxState.PAUSED)
             if info.pause_mode is PauseMode.FULL and memory:
-                self._link_up(sandbox_id, True)
-                self.cgroups.thaw(sandbox_id)
+                self.resume_memory(record)
                 return
             if info.pause_mode is PauseMode.FULL:
-                record = launch.park(self, record, None)
-            launch.boot(self, record)
+                record = self.park(record, None)
+            self.boot(record)
         self.refill.after_create()
-
-    def _link_up(self, sandbox_id: str, up: bool) -> None:
-        slot = self.layout.slot_of(sandbox_id)
-        if self.network is not None and slot is not None:
-            self.network.set_up(slot, up)
 
     def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         """Replace the sandbox's egress rules, in one step: connections already open stay
@@ -350,7 +345,9 @@ class LocalRuntime:
                 self.network.apply(slot, sandbox_id, policy)
             record.replace(network=policy).save(self.layout.sandbox_dir(sandbox_id))
 
-    def snapshot(self, sandbox_id: str, image_id: str) -> ImageInfo:
+    def snapshot(self, sandbox_id: str, image_id: str, *, memory: bool = False) -> ImageInfo:
+        if memory:  # the API refuses it first (Capability.MEMORY_SNAPSHOTS)
+            raise RuntimeConflict("the local driver's snapshots capture files only")
         return snapshot.capture(self, sandbox_id, image_id)
 
     def kill(self, sandbox_id: str) -> bool:

@@ -41,11 +41,14 @@ class LocalSandboxInfo(SandboxInfo):
 
 @dataclass(frozen=True)
 class Parked:
-    """A sandbox that kept only its files: paused filesystem only, or its processes died
-    under it (``reason`` says so; None for a pause a caller asked for)."""
+    """A sandbox with no processes: paused filesystem only, or its processes died under it
+    (``reason`` says so; None for a pause a caller asked for) — or, with ``memory``, paused
+    with its processes' memory checkpointed to its directory (a driver that can: gVisor),
+    which a resume restores."""
 
     reason: str | None
     at: float
+    memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ class SandboxRecord:
             data["warm_version"] = self.warm_version
         if self.parked is not None:
             data["paused"] = {
-                "mode": "filesystem",
+                "mode": "full" if self.parked.memory else "filesystem",
                 "reason": self.parked.reason,
                 "at": self.parked.at,
             }
@@ -167,7 +170,11 @@ class SandboxRecord:
             network=None if network is None else policy_of(network),
             warm=data.get("warm"),
             warm_version=data.get("warm_version"),
-            parked=None if not paused else Parked(paused.get("reason"), float(paused["at"])),
+            parked=None
+            if not paused
+            else Parked(
+                paused.get("reason"), float(paused["at"]), memory=paused.get("mode") == "full"
+            ),
             volume_mounts=tuple(
                 VolumeMount(str(m["volume_id"]), str(m["path"]))
                 for m in data.get("volume_mounts") or ()

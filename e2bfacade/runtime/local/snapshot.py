@@ -36,7 +36,7 @@ def capture(rt: LocalRuntime, sandbox_id: str, image_id: str) -> ImageInfo:
                     d / disks.MOUNT / "upper",
                     tmp / "rootfs",
                     max_bytes=rt.snapshot_max_bytes,
-                    id_shift=-record.id_base,
+                    id_shift=-rt.disk_id_base(record.id_base),
                 )
             except trees.TreeTooLarge:
                 mib = rt.snapshot_max_bytes >> 20

@@ -37,7 +37,7 @@ def sweep(rt: LocalRuntime, seen_live: Collection[str] = ()) -> list[str]:
             record = rt.layout.read_state(sid)
             if now == "park" and record is not None:
                 with contextlib.suppress(SandboxRuntimeError, OSError):
-                    launch.park(rt, record, CRASH_REASON)
+                    rt.park(record, CRASH_REASON)
             elif now == "reap" and rt.destroy(sid):
                 reaped.append(sid)
     for p in (rt.root / "sandboxes").iterdir():

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2bfacade.runtime.base import SandboxInfo, SandboxState
+from e2bfacade.runtime.base import RuntimeUnavailable, SandboxInfo, SandboxState
 from e2bfacade.runtime.local import lxcfs
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
 from e2bfacade.runtime.local.driver import LocalRuntime
@@ -81,7 +81,7 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
     if (root / "sandboxes").is_dir():
         # Adopts the root as a restarted service would, but takes no host ids: a root whose
         # block another root holds (roots.py) can be torn down too.
-        runtime = LocalRuntime(root, claim_ids=False)
+        runtime = _adopt(root)
         made = {s.sandbox_id: s for s in runtime.list()}
         live = [s for s in made.values() if s.state is not SandboxState.DEAD]
         if live and not kill:
@@ -117,6 +117,18 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
     return report
 
 
+def _adopt(root: Path) -> LocalRuntime:
+    """The root's runtime: the gvisor driver's for a root it made (runsc's state is there),
+    so that its sandboxes end through runsc; the local driver's otherwise, or where runsc
+    is gone (their processes still end with their groups)."""
+    if (root / "runsc").is_dir():
+        from e2bfacade.runtime.gvisor.driver import GvisorRuntime
+
+        with contextlib.suppress(RuntimeUnavailable):
+            return GvisorRuntime(root, claim_ids=False)
+    return LocalRuntime(root, claim_ids=False)
+
+
 def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
     """End the sandbox's processes, if any, and move its disk image to ``kept/``."""
     d = runtime.layout.sandbox_dir(sandbox_id)
@@ -134,6 +146,8 @@ def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
         # The same file system: a rename. The mount still holds the image open, and its
         # last writes (the unmount's) land in the kept file.
         os.rename(image, kept / disks.IMAGE)
+        if (d / "checkpoint").is_dir():  # a gVisor sandbox paused with its memory
+            os.rename(d / "checkpoint", kept / "checkpoint")
         about = {
             "sandbox_id": sandbox_id,
             "image_id": state.get("image_id"),
@@ -142,7 +156,13 @@ def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
             "id_base": state.get("id_base"),
             "kept_at": time.time(),
             "why": "paused when its runtime root was torn down; its files are under upper/ "
-            "of this ext4 image, owned by host ids id_base + guest id",
+            "of this ext4 image, owned by host ids "
+            + ("id_base + guest id" if runtime.disk_id_base(1) else "equal to guest ids")
+            + (
+                " (checkpoint/: its memory, as runsc checkpoint wrote it)"
+                if record and record.parked is not None and record.parked.memory
+                else ""
+            ),
         }
         (kept / "sandbox.json").write_text(json.dumps(about, indent=1) + "\n")
         return kept / disks.IMAGE

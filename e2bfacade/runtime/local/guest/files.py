@@ -22,7 +22,7 @@ from typing import Any
 
 from e2bfacade.runtime.base import EntryInfo, FileType, GuestFileError
 from e2bfacade.runtime.local.guest.accounts import host_id, id_names, lookup_user, name_of
-from e2bfacade.runtime.local.guest.syscalls import as_guest_user, fs_type, open_guest_root, openat2
+from e2bfacade.runtime.local.guest.syscalls import as_guest_user, fs_type, openat2
 
 MAX_DEPTH = 64  # the deepest list_dir
 
@@ -119,9 +119,11 @@ class GuestFiles:
     """File operations in one sandbox as one guest user. Use as a context manager; every
     method must run on the thread that entered it (the fs ids are per thread)."""
 
-    def __init__(self, init_pid: int, init_start: int, user: str, id_base: int) -> None:
+    def __init__(self, root: int, user: str, id_base: int) -> None:
+        """``root``: an O_PATH descriptor of the guest's root (open_guest_root), which this
+        object owns from here on; ``id_base``: the host id of the guest's id 0."""
         self.id_base = id_base
-        self._root = open_guest_root(init_pid, init_start)
+        self._root = root
         try:
             self.account = lookup_user(self._root, user)
             self._names = id_names(self._root)

@@ -53,6 +53,7 @@ class LocalGuest:
         self.sandbox_id = record.sandbox_id
         self._agent = Agent(agent_socket)
         self._frozen = frozen
+        self.id_base = record.id_base  # the host id of guest id 0 (its user namespace's map)
 
     def running(self) -> bool:
         # As census.status_of decides it, for this init only: its pid still names it (a
@@ -66,7 +67,7 @@ class LocalGuest:
         if not spec.argv or any("\0" in a for a in (*spec.argv, spec.tag or "")):
             raise CreateRefused("a process needs a command, without NUL bytes")
         r = self.record
-        root_fd = open_guest_root(r.init_pid, r.init_start)
+        root_fd = self.open_root()
         try:
             account = lookup_user(root_fd, spec.user or r.default_user)
         finally:
@@ -143,9 +144,13 @@ class LocalGuest:
         return netns.connect(self.record.init_pid, self.record.init_start, port, timeout)
 
     # -------------------------------------------------------------------------- files
+    def open_root(self) -> int:
+        """An O_PATH descriptor of the guest's root, as its init sees it."""
+        return open_guest_root(self.record.init_pid, self.record.init_start)
+
     def _files(self, user: str | None) -> GuestFiles:
         r = self.record
-        return GuestFiles(r.init_pid, r.init_start, user or r.default_user, r.id_base)
+        return GuestFiles(self.open_root(), user or r.default_user, self.id_base)
 
     def stat(self, path: str, *, user: str | None = None) -> EntryInfo:
         with self._files(user) as files:

@@ -54,21 +54,22 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
     d = rt.layout.sandbox_dir(spec.sandbox_id)
     id_base = rt.layout.id_base_take(spec.sandbox_id)
     # What the guest's root builds its file system in, owned by the guest's root (host
-    # id_base): the init works in it before it mounts anything (its staging mount
-    # points live in a tmpfs it makes on stage/).
+    # id_base, or what the driver stores for it): the init works in it before it mounts
+    # anything (its staging mount points live in a tmpfs it makes on stage/).
+    owner = rt.disk_id_base(id_base)
     d.mkdir(mode=0o700, exist_ok=True)
     for sub in ("rootfs", "stage"):
         (d / sub).mkdir(exist_ok=True)
-        os.chown(d / sub, id_base, id_base)
-    os.chown(d, id_base, id_base)
+        os.chown(d / sub, owner, owner)
+    os.chown(d, owner, owner)
     # The writable layer, disk/upper, on a file system of its own (disks.py).
-    if not rt.disk_pool.claim(d, spec.disk_mb, owner=id_base):
-        disks.attach(d, spec.disk_mb, owner=id_base)
+    if not rt.disk_pool.claim(d, spec.disk_mb, owner=owner):
+        disks.attach(d, spec.disk_mb, owner=owner)
     if rt.network is not None:
-        seed.resolv_conf(d, id_base, rt.network.config.dns_servers)
+        seed.resolv_conf(d, owner, rt.network.config.dns_servers)
         if rt.network.config.extra_ca is not None:
             layer = lambda image_id: rt.layout.image_dir(image_id) / "rootfs"  # noqa: E731
-            seed.trust(d, id_base, chain, layer, rt.network.config.extra_ca)
+            seed.trust(d, owner, chain, layer, rt.network.config.extra_ca)
     record = SandboxRecord(
         sandbox_id=spec.sandbox_id,
         image_id=spec.image_id,
@@ -89,7 +90,7 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         warm_version=rt.version if is_warm(spec.sandbox_id) else None,
         volume_mounts=spec.volume_mounts,
     )
-    return launch(rt, record, chain)
+    return rt.launch(record, chain)
 
 
 @contextlib.contextmanager
@@ -201,7 +202,7 @@ def adopt(rt: LocalRuntime, record: SandboxRecord, spec: SandboxSpec) -> LocalSa
     if info.pause_mode is PauseMode.FILESYSTEM:
         # Made, then its processes ended before its create was answered (a crash): it runs
         # again on its files, as its create asked.
-        booted = boot(rt, record)
+        booted = rt.boot(record)
         rt.refill.after_create(spec.disk_mb)
         return dataclasses.replace(booted, adopted=True)
     return info
@@ -217,17 +218,17 @@ def boot(rt: LocalRuntime, record: SandboxRecord) -> LocalSandboxInfo:
     if rt.layout.id_base_of(sid) != record.id_base:
         raise RuntimeConflict(f"sandbox {sid} lost its id range: it cannot boot")
     reason = record.parked.reason if record.parked is not None else CRASH_REASON
-    parked = park(rt, record, reason)  # whatever a crash left of its processes goes
+    parked = rt.park(record, reason)  # whatever a crash left of its processes goes
     try:
         chain = rt.images.chain(record.image_id)
         disks.ensure_mounted(d)
         (d / "agent.sock").unlink(missing_ok=True)
-        info = launch(rt, parked, chain)
+        info = rt.launch(parked, chain)
         if (start := start_of(chain)) is not None:
             run_start_command(rt.guest(sid), start)
         return info
     except BaseException as exc:
-        park(rt, parked, reason)
+        rt.park(parked, reason)
         if isinstance(exc, ImageNotFound):
             raise RuntimeConflict(f"sandbox {sid} cannot boot: {exc.message}") from exc
         if isinstance(exc, (SandboxRuntimeError, OSError)):
@@ -244,7 +245,7 @@ def park(rt: LocalRuntime, record: SandboxRecord, reason: str | None) -> Sandbox
     Processes first, the record last: a crash in between leaves a sandbox whose init
     is dead and whose disk is there, which reads as parked just the same."""
     sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
-    end_processes(rt, sid)
+    rt.end_processes(sid)
     for claim in d.glob(f"{CLAIM_PREFIX}*.sock"):
         rt.spares.discard_group(Spares.group_of(claim))
     slot = rt.layout.slot_of(sid)
@@ -285,7 +286,7 @@ def destroy(rt: LocalRuntime, sandbox_id: str) -> bool:
         if origin != sandbox_id and is_warm(check_id(origin)):
             names.append(origin)
     for name in names:
-        end_processes(rt, name)
+        rt.end_processes(name)
     # No process of the sandbox is left: its rules, then its id range (and with it its
     # network slot), may go to the next one. Its link went with its network namespace.
     for name in names:

@@ -45,6 +45,7 @@ from e2bfacade.runtime.base import (
     StartCommand,
 )
 from e2bfacade.runtime.local.guest.files import GuestFiles
+from e2bfacade.runtime.local.guest.syscalls import open_guest_root
 from e2bfacade.runtime.local.net import netns
 from e2bfacade.runtime.local.record import LocalSandboxInfo
 from e2bfacade.runtime.start import GUEST_ENV_FILE
@@ -213,7 +214,8 @@ class WarmPool:
             # started before they were known. (Every other process gets them from the
             # record written below.)
             env = json.dumps(dict(spec.env_vars)).encode()
-            with GuestFiles(record.init_pid, record.init_start, "root", record.id_base) as files:
+            root = open_guest_root(record.init_pid, record.init_start)
+            with GuestFiles(root, "root", record.id_base) as files:
                 files.make_dir(os.path.dirname(GUEST_ENV_FILE))
                 files.write(GUEST_ENV_FILE, [env])
         (d / READY).unlink(missing_ok=True)
