@@ -8,6 +8,7 @@ sandboxes it launched.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -16,7 +17,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local import seccomp
@@ -126,6 +129,24 @@ def ensure_binary(root: Path) -> Path:
     return binary
 
 
+T = TypeVar("T")
+
+
+def run_helper(start: Callable[[], T]) -> T:
+    """``start()``, which executes the helper, again while the kernel answers ETXTBSY: a
+    process this service forked while the helper's file was being written (a copy from the
+    cache, a compile) holds a descriptor of it open for writing until its own exec. That
+    lasts milliseconds, and the helper is written once per deployment."""
+    for attempt in range(200):
+        try:
+            return start()
+        except OSError as exc:
+            if exc.errno != errno.ETXTBSY or attempt == 199:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")
+
+
 _filters: dict[Path, Path] = {}
 
 
@@ -156,11 +177,13 @@ def _compile_seccomp(root: Path) -> Path:
     policy_file = tmp.with_name(tmp.name + ".policy")
     try:
         policy_file.write_text(policy)
-        proc = subprocess.run(
-            [str(binary), "seccomp-compile", str(policy_file), str(tmp)],
-            capture_output=True,
-            text=True,
-            env=CLEAN_ENV,
+        proc = run_helper(
+            lambda: subprocess.run(
+                [str(binary), "seccomp-compile", str(policy_file), str(tmp)],
+                capture_output=True,
+                text=True,
+                env=CLEAN_ENV,
+            )
         )
         if proc.returncode != 0:
             raise RuntimeUnavailable(f"cannot compile the seccomp filter: {proc.stderr}")
@@ -201,16 +224,18 @@ def ensure_daemon(root: Path) -> Path:
         log = open(root / "run" / "sandboxd.log", "ab")  # noqa: SIM115 - handed to the child
         # A new session detaches the daemon from the caller's terminal and process group, so
         # a gunicorn restart or a test runner's exit never takes the sandboxes down with it.
-        subprocess.Popen(
-            [str(binary), "daemon", str(path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-            # Nothing of the service's environment (it may hold secrets) reaches the daemon,
-            # and through it every sandbox's init: the init's environ is the guest's to read.
-            env=CLEAN_ENV,
+        run_helper(
+            lambda: subprocess.Popen(
+                [str(binary), "daemon", str(path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                # Nothing of the service's environment (it may hold secrets) reaches the
+                # daemon, and through it every sandbox's init: whose environ the guest reads.
+                env=CLEAN_ENV,
+            )
         )
         log.close()
         deadline = time.monotonic() + 5

@@ -38,6 +38,13 @@ from e2bfacade.runtime.local.guest.accounts import Account
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_FRAME = (1 << 20) + 64
 STDIN_PIECE = 1 << 20  # the agent takes stdin in pieces of at most this
+TCP_LIVENESS = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 2),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 10000),
+)
 STREAMS = {b"O": Stream.STDOUT, b"R": Stream.STDERR, b"T": Stream.PTY}
 
 
@@ -117,14 +124,23 @@ class ProcessEntry:
 class Agent:
     """The guest agent of one sandbox."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, address: Path | tuple[str, int]) -> None:
+        """``address``: the agent's unix socket on the host, or (for a sandbox whose agent
+        serves on its link: the gVisor driver's) its guest address and port."""
+        self.address = address
 
     def _open(self, kind: bytes, payload: bytes, timeout: float | None = 30) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        family = socket.AF_UNIX if isinstance(self.address, Path) else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        if family == socket.AF_INET:
+            # A guest whose kernel died (gVisor's, killed as a whole) never closes its end:
+            # probes find that within ~5 s, and unanswered data within 10 s, so no reader
+            # of a dead sandbox's stream waits for ever.
+            for level, option, value in TCP_LIVENESS:
+                sock.setsockopt(level, option, value)
         sock.settimeout(timeout)
         try:
-            sock.connect(str(self.path))
+            sock.connect(str(self.address) if isinstance(self.address, Path) else self.address)
             sock.sendall(_frame(kind, payload))
         except OSError as exc:
             sock.close()
@@ -206,16 +222,15 @@ class Agent:
         return AgentWatch(sock)
 
     def new_watcher(self, path: str, *, recursive: bool, include_entry: bool = False) -> int:
-        frames = []
         flags = int(recursive) | (2 if include_entry else 0)
+        # The answer is one frame: the agent's hang-up is not waited for (over TCP the
+        # host hangs up first, see agent_conn.c).
         with self._open(b"N", bytes([flags]) + path.encode()) as sock:
-            while (frame := read_frame(sock)) is not None:
-                frames.append(frame)
-        for kind, payload in frames:
-            if kind == b"E":
-                raise _error(payload)
-            if kind == b"w" and len(payload) == 4:
-                return int(struct.unpack(">I", payload)[0])
+            frame = read_frame(sock)
+        if frame is not None and frame[0] == b"E":
+            raise _error(frame[1])
+        if frame is not None and frame[0] == b"w" and len(frame[1]) == 4:
+            return int(struct.unpack(">I", frame[1])[0])
         raise AgentGone("the sandbox's agent did not make the watcher")
 
     def watcher_changes(self, watcher_id: int) -> WatcherChanges:
@@ -230,6 +245,11 @@ class Agent:
 
     def remove_watcher(self, watcher_id: int) -> None:
         self._call(b"Q", struct.pack(">I", watcher_id))
+
+    def notify(self, change: FsChange, path: str, *, is_dir: bool = False) -> None:
+        """Tell the guest's watchers of a change made outside its kernel (``path``: the
+        absolute guest path), as inotify would have."""
+        self._call(b"Y", bytes([int(change) | (0x80 if is_dir else 0)]) + path.encode())
 
 
 def _change(payload: bytes) -> FsEvent:

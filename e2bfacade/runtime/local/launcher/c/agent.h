@@ -43,6 +43,7 @@ struct conn {
     int closing;   /* close once the queue is written */
     int want_out;  /* EPOLLOUT registered */
     int handled;   /* its one request is being served: later bytes are ignored */
+    int tcp;       /* over TCP: closed when the host hangs up, never before (conn_flush) */
 };
 
 struct proc {
@@ -119,6 +120,7 @@ void shepherd(int status_fd, const struct launch *l) __attribute__((noreturn));
 /* agent_watch.c */
 extern struct watcher watchers[MAX_WATCHERS];
 void watch_request(int i, char type, const char *payload, size_t len);
+void watch_notify(int i, const char *payload, size_t len);
 void watcher_event(int w);
 void watchers_drop_follower(int i);
 

@@ -33,6 +33,8 @@
  *   'G' changes  [u32 id]   'r' [u8 flags][path] first, then the kept changes, oldest first,
  *                as 'F' frames, then 'A'.
  *   'Q' unwatch  [u32 id]   end a kept watcher. Answer 'A'.
+ *   'Y' changed  [u8 kind | 0x80 for a directory][path]   a change made outside the guest's
+ *                kernel (agent_watch.c): told to the watchers that hold it. Answer 'A'.
  *
  * A change ('F') is [u8 kind][name]: 1 create, 2 write, 3 remove, 4 rename, 5 chmod, with
  * the name relative to the watched directory (inotify's, as envd's fsnotify reports them).
@@ -64,6 +66,8 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -158,6 +162,13 @@ static void conn_flush(int i) {
         return;
     }
     if (r == 0 && c->closing) {
+        /* Over TCP the host hangs up first (conn_read then closes): a guest that closed
+         * first would keep a TIME_WAIT endpoint, which gVisor cannot checkpoint. */
+        if (c->tcp) {
+            if (c->want_out) watch(c->fd, EPOLLIN, K_CONN, i);
+            c->want_out = 0;
+            return;
+        }
         conn_close(i);
         return;
     }
@@ -217,6 +228,7 @@ static void handle_request(int i, char type, const char *payload, size_t len) {
     else if (type == 'L') list_procs(i);
     else if (type == 'W' || type == 'N') watch_request(i, type, payload, len);
     else if ((type == 'G' || type == 'Q') && len >= 4) watch_request(i, type, payload, len);
+    else if (type == 'Y') watch_notify(i, payload, len);
     else proc_request(i, type, payload, len);
 }
 
@@ -263,6 +275,40 @@ int agent_listen(const char *path) {
     return fd;
 }
 
+/* For a sandbox whose host reaches it over its link instead of a unix socket (the gVisor
+ * driver): every address of the guest, PORT. The host allows only its root to connect
+ * (nftables), and other sandboxes cannot reach it at all. */
+int agent_listen_tcp(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (fd < 0) return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 128) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether FD is a TCP connection (the gVisor driver's link), with Nagle off for it; -1 for
+ * one made from inside the guest (from its loopback or its own address), which is refused:
+ * the agent runs commands as any user, so a guest user reaching it would be guest root.
+ * Only the host, from its side of the link, is served. */
+static int tcp_conn(int fd) {
+    struct sockaddr_in local, peer;
+    socklen_t len = sizeof local, plen = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&local, &len) != 0 || local.sin_family != AF_INET)
+        return 0;
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 || peer.sin_family != AF_INET ||
+        peer.sin_addr.s_addr == local.sin_addr.s_addr ||
+        (ntohl(peer.sin_addr.s_addr) >> 24) == 127)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 1;
+}
+
 void agent_main(int listen_fd) {
     set_title("e2b-agent");
     prctl(PR_SET_NAME, "e2b-agent");
@@ -293,6 +339,11 @@ void agent_main(int listen_fd) {
                 for (;;) {
                     int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                     if (fd < 0) break;
+                    int tcp = tcp_conn(fd);
+                    if (tcp < 0) {
+                        close(fd);
+                        continue;
+                    }
                     int slot = -1;
                     for (int i = 0; i < MAX_CONNS && slot < 0; i++)
                         if (conns[i].fd <= 0) slot = i;
@@ -303,6 +354,7 @@ void agent_main(int listen_fd) {
                     memset(&conns[slot], 0, sizeof conns[slot]);
                     conns[slot].fd = fd;
                     conns[slot].follows = -1;
+                    conns[slot].tcp = tcp;
                     watch(fd, EPOLLIN, K_CONN, slot);
                 }
             } else if (kind == K_SIGNAL) {

@@ -106,6 +106,26 @@ static int watcher_new(int i, const char *payload, size_t len, int follower) {
     return w;
 }
 
+/* Hand a change of watcher W (NAME relative to its directory) to its follower, or keep it. */
+static void watcher_emit(int w, char kind, const char *name) {
+    struct watcher *wt = &watchers[w];
+    if (wt->kept) {
+        if (wt->changes.bytes > (size_t)MAX_KEPT * 64) {
+            wt->overflow = 1;
+            return;
+        }
+        char frame[8200];
+        size_t nl = strlen(name);
+        if (nl > sizeof frame - 6) return;
+        put_u32(frame, (uint32_t)(2 + nl));
+        frame[4] = 'F', frame[5] = kind;
+        memcpy(frame + 6, name, nl);
+        queue_push(&wt->changes, frame, 6 + nl);
+    } else if (conns[wt->follower].fd > 0) {
+        send_frame(wt->follower, 'F', &kind, 1, name, strlen(name));
+    }
+}
+
 void watcher_event(int w) {
     struct watcher *wt = &watchers[w];
     char buf[65536] __attribute__((aligned(__alignof__(struct inotify_event))));
@@ -131,22 +151,36 @@ void watcher_event(int w) {
             if (!kind || !*name) continue;
             if (wt->recursive && (ev->mask & IN_ISDIR) && kind == 1)
                 watch_tree(wt, watch_roots[w], name);
-            if (wt->kept) {
-                if (wt->changes.bytes > (size_t)MAX_KEPT * 64) {
-                    wt->overflow = 1;
-                    continue;
-                }
-                char frame[8200];
-                size_t nl = strlen(name);
-                put_u32(frame, (uint32_t)(2 + nl));
-                frame[4] = 'F', frame[5] = kind;
-                memcpy(frame + 6, name, nl);
-                queue_push(&wt->changes, frame, 6 + nl);
-            } else if (conns[wt->follower].fd > 0) {
-                send_frame(wt->follower, 'F', &kind, 1, name, strlen(name));
-            }
+            watcher_emit(w, kind, name);
         }
     }
+}
+
+/* 'Y' [u8 kind | 0x80 for a directory][absolute path]: a change made from outside the
+ * guest's kernel (the host's file operations, under gVisor, whose inotify reports only what
+ * the guest itself does), told to every watcher whose directory holds the path, as inotify
+ * would have. Answer 'A'. */
+void watch_notify(int i, const char *payload, size_t len) {
+    if (len < 3 || len > 4096 || (payload[0] & 0x7f) < 1 || (payload[0] & 0x7f) > 5) {
+        send_error(i, EINVAL, "bad change");
+        return;
+    }
+    char kind = (char)(payload[0] & 0x7f), path[4097];
+    int is_dir = (payload[0] & 0x80) != 0;
+    memcpy(path, payload + 1, len - 1);
+    path[len - 1] = 0;
+    for (int w = 0; w < MAX_WATCHERS; w++) {
+        struct watcher *wt = &watchers[w];
+        if (!wt->used) continue;
+        const char *root = watch_roots[w];
+        size_t rl = strcmp(root, "/") ? strlen(root) : 0;
+        if (strncmp(path, root, rl) || path[rl] != '/' || !path[rl + 1]) continue;
+        const char *rel = path + rl + 1;
+        if (!wt->recursive && strchr(rel, '/')) continue;
+        if (wt->recursive && is_dir && kind == 1) watch_tree(wt, root, rel);
+        watcher_emit(w, kind, rel);
+    }
+    send_ack(i);
 }
 
 static int find_watcher(uint32_t id) {

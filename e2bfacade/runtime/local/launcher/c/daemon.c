@@ -32,6 +32,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,12 +144,47 @@ static int serve(const char *sock_path) {
     }
 }
 
+/* The reaper of a command that leaves processes behind it (the gVisor driver's runsc create
+ * and restore, whose sandbox and gofer outlive them): run ARGV with /dev/null as its stdin
+ * and stdout, tell the caller on our stdout how it ended ("<wait status>\n", then EOF), and
+ * stay the subreaper of what it left until all of it has ended. Without it those processes
+ * are orphaned to the host's PID 1, which on these VMs reaps them only a second or more
+ * later (a runsc delete waits for that). */
+static int run_keeper(char **cmd) {
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) return 1;
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) return 1;
+    pid_t child = fork();
+    if (child < 0) return 1;
+    if (child == 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        execvp(cmd[0], cmd);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    printf("%d\n", status);
+    fflush(stdout);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    while (wait(NULL) > 0 || errno == EINTR) {
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     g_argv = argv;
     g_argv_len = 0;
     for (int i = 0; i < argc; i++) g_argv_len += strlen(argv[i]) + 1;
     if (argc == 3 && !strcmp(argv[1], "daemon")) return run_daemon(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "guest")) guest_init(atoi(argv[2]));
+    if (argc >= 4 && !strcmp(argv[1], "keep") && !strcmp(argv[2], "--")) return run_keeper(argv + 3);
+    /* A restored copy of a sandbox takes its own name (run by the gVisor driver in it). */
+    if (argc == 3 && !strcmp(argv[1], "hostname"))
+        return sethostname(argv[2], strlen(argv[2])) == 0 ? 0 : (perror("sethostname"), 1);
     if (argc == 4 && !strcmp(argv[1], "seccomp-compile")) return run_seccomp_compile(argv[2], argv[3]);
-    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd seccomp-compile POLICY OUT\n");
+    fprintf(stderr, "usage: sandboxd daemon SOCKET | sandboxd guest PORT | sandboxd hostname NAME | sandboxd keep -- CMD... | sandboxd seccomp-compile POLICY OUT\n");
     return 2;
 }

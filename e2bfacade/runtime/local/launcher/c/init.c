@@ -186,3 +186,28 @@ void sandbox_init(struct create_req *r) {
     confine();
     start_agent(agent_fd);
 }
+
+/* PID 1 inside a sandbox that gVisor isolates: the kernel it talks to is gVisor's, which
+ * already gave it its root, namespaces, capabilities and limits from the OCI bundle. What
+ * is left is sandbox_init's tail: the agent, on TCP (no host path reaches into gVisor), and
+ * the reaping loop. A failure exits, and the driver sees the sandbox stop. */
+void guest_init(int port) {
+    clearenv();
+    umask(022);
+    int agent_fd = agent_listen_tcp(port);
+    if (agent_fd < 0) _exit(1);
+    set_title("e2b-init");
+    if (prctl(PR_SET_DUMPABLE, 0) != 0) _exit(1);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull < 0) _exit(1);
+    pid_t agent = fork();
+    if (agent < 0) _exit(1);
+    if (agent == 0) {
+        for (int fd = 0; fd < 3; fd++) dup2(devnull, fd);
+        agent_main(agent_fd);
+    }
+    close(agent_fd);
+    for (int fd = 0; fd < 3; fd++) dup2(devnull, fd);
+    closefrom(3);
+    init_loop();
+}

@@ -11,6 +11,13 @@ void set_title(const char *title);
 /* Bind and listen on the unix socket PATH (relative to the working directory); -1 on error. */
 int agent_listen(const char *path);
 
+/* Bind and listen on TCP PORT on every address of the guest; -1 on error. */
+int agent_listen_tcp(int port);
+
+/* PID 1 of a sandbox that another runtime (gVisor) isolates: the agent on TCP PORT and the
+ * orphans' reaper (init.c). Never returns. */
+void guest_init(int port) __attribute__((noreturn));
+
 /* The guest agent: serves the host on LISTEN_FD (see agent_conn.c). Never returns. */
 void agent_main(int listen_fd) __attribute__((noreturn));
 
