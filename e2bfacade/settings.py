@@ -293,6 +293,11 @@ def _egress_port() -> int | None:
     return int(raw)
 
 
+# The drivers built on the local one (its storage, networking and options): the gvisor
+# driver runs the same sandboxes under runsc.
+LOCAL_FAMILY = ("local", "gvisor")
+
+
 def _sandbox_network() -> NetworkConfig | None:
     """The local runtime's networking (e2bfacade/runtime/local/net/network.py), or None.
 
@@ -300,7 +305,7 @@ def _sandbox_network() -> NetworkConfig | None:
     the host's default route's, ``none`` turns networking off (sandboxes get their own
     loopback only, and ``allow_internet_access: true`` is refused)."""
     uplink = env.str("SANDBOX_UPLINK", default="auto")
-    if uplink == "none" or SANDBOX_RUNTIME != "local":
+    if uplink == "none" or SANDBOX_RUNTIME not in LOCAL_FAMILY:
         return None
     from e2bfacade.runtime.local.net.network import default_route
     from e2bfacade.runtime.local.net.rules import DEFAULT_BLOCKED, NetworkConfig
@@ -337,7 +342,7 @@ SANDBOX_RUNTIME_OPTIONS: dict[str, object] = (
         "warm": SANDBOX_WARM_POOL,
         "network": SANDBOX_NETWORK,
     }
-    if SANDBOX_RUNTIME == "local"
+    if SANDBOX_RUNTIME in LOCAL_FAMILY
     else {}
 )
 

@@ -109,6 +109,38 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# runsc: gVisor, the second sandbox driver (SANDBOX_RUNTIME=gvisor, e2bfacade/runtime/gvisor/),
+# whose checkpoint/restore keeps a paused sandbox's memory on disk. Debian 13's build
+# (20240729): bookworm's (20221219) cannot checkpoint a sandbox in which any TCP socket is
+# watched by epoll ("endpoint still has waiters upon save": the guest agent's, every asyncio
+# or Node server's). The package is one static binary with no dependencies; its suite's
+# package list is fetched into a directory of its own, so the host's apt sources stay bookworm.
+runsc_wanted="0.0~20240729.0-4+b7"
+if [[ "$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)" != "$runsc_wanted" ]]; then
+    if [[ $EUID -ne 0 ]]; then
+        log "runsc $runsc_wanted is missing; run this script as root to install it"
+        exit 1
+    fi
+    log "installing runsc $runsc_wanted (gVisor) from Debian 13"
+    apt_dir="$(mktemp -d)"
+    mkdir -p "$apt_dir/lists/partial"
+    # The host's own Debian archive (the first source of its main suite), at suite trixie.
+    mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+    [[ -n $mirror ]] || mirror="$(awk '$1 == "deb" && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list 2>/dev/null || true)"
+    if [[ -z $mirror ]]; then
+        log "no Debian archive found in the host's apt sources to fetch runsc from"
+        exit 1
+    fi
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" \
+        >"$apt_dir/sources.list"
+    apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o "Dir::Etc::sourceparts=-"
+        -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Sandbox::User=root")
+    apt-get -qq "${apt_opts[@]}" update
+    (cd "$apt_dir" && apt-get -qq "${apt_opts[@]}" download "runsc=$runsc_wanted")
+    dpkg -i "$apt_dir"/runsc_*.deb >/dev/null
+    rm -rf "$apt_dir"
+fi
+
 # A venv whose interpreter no longer runs (python upgraded or removed) is rebuilt.
 if [[ -d .venv ]] && ! .venv/bin/python -c '' 2>/dev/null; then
     log "removing broken .venv"

@@ -177,7 +177,7 @@ leftovers="$(
 ) mounts, $(
     (losetup -a 2>/dev/null || true) | grep -c '/tmp/e2b' || true
 ) loop devices, $(
-    (pgrep -f '[s]andboxd.* /tmp/e2b' || true) | wc -l
+    (pgrep -f '[s]andboxd.* /tmp/e2b|[r]unsc.*--root=/tmp/e2b' || true) | wc -l
 ) helper processes"
 log "left behind under /tmp/e2b*: $leftovers"
 if [[ "$leftovers" != "0 mounts, 0 loop devices, 0 helper processes" ]]; then

@@ -16,6 +16,7 @@ from typing import cast
 from e2bfacade.runtime.base import Runtime
 
 DRIVERS: dict[str, str] = {
+    "gvisor": "e2bfacade.runtime.gvisor.driver:GvisorRuntime",
     "local": "e2bfacade.runtime.local.driver:LocalRuntime",
 }
 

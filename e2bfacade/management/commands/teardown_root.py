@@ -30,7 +30,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, kill: bool, **options: Any) -> None:
-        if settings.SANDBOX_RUNTIME != "local":
+        if settings.SANDBOX_RUNTIME not in settings.LOCAL_FAMILY:
             raise CommandError(
                 f"SANDBOX_RUNTIME={settings.SANDBOX_RUNTIME}: no local root to tear down"
             )

@@ -1,0 +1,1 @@
+"""The gVisor driver (``SANDBOX_RUNTIME=gvisor``): see driver.py."""
