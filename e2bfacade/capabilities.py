@@ -8,7 +8,11 @@ needs no running runtime (and no root).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from django.conf import settings
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from e2bfacade.runtime import registry
 from e2bfacade.runtime.base import Capability
@@ -51,3 +55,19 @@ def refusals(needed: dict[str, tuple[bool, Capability]]) -> dict[str, list[str]]
         if message:
             errors[name] = [message]
     return errors
+
+
+class CapabilityCollector(Collector):
+    """``e2bfacade_runtime_capability{driver, capability}``: 1 for what the host's driver
+    can do, 0 for what it cannot (which driver keeps memory: ``memory_snapshots``)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "e2bfacade_runtime_capability",
+            "What the host's sandbox driver can do (1) or cannot (0)",
+            labels=["driver", "capability"],
+        )
+        have = supported()
+        for capability in Capability:
+            gauge.add_metric([settings.SANDBOX_RUNTIME, capability.value], int(capability in have))
+        yield gauge

@@ -49,6 +49,8 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from e2bfacade.capabilities import CapabilityCollector
+
 request_logger = logging.getLogger("e2bfacade.request")
 
 # No ``*_created`` series: they double the output and nothing here graphs them (multiprocess
@@ -280,6 +282,7 @@ def scrape() -> bytes:
         registry.register(_ThisProcess())
     for collector in _scrape_collectors:
         registry.register(collector)
+    registry.register(CapabilityCollector())
     return generate_latest(registry)
 
 

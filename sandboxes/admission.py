@@ -9,7 +9,9 @@ Checked in the create's reserve transaction, before the sandbox row exists:
   The team's row is locked for the count, so concurrent creates across every worker
   admit exactly up to the limit. 429, as E2B answers; the key is released.
 - **Per host**: the memory and disk this host's live sandboxes were given (a sandbox
-  paused with its files only holds no memory), plus this one, within the host's capacity
+  paused with its files only holds no memory; on a driver whose pause checkpoints memory to
+  disk, gvisor, a sandbox paused with its memory holds none either, and its memory counts
+  as disk instead: its checkpoint takes up to that much), plus this one, within the host's capacity
   times ``SANDBOX_MEMORY_OVERCOMMIT`` / ``SANDBOX_DISK_OVERCOMMIT`` (limits are caps,
   rarely all used at once); other hosts' sandboxes on the same database are theirs. The
   disk counted also holds the size of each of this host's volumes (creating, ready or
@@ -29,9 +31,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection
 
+from e2bfacade import capabilities
 from e2bfacade.errors import AtCapacity, BadRequest, NothingAllocated
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import Capacity, SandboxRuntimeError
+from e2bfacade.runtime.base import Capability, Capacity, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox, Volume
 from templates.models import Template
@@ -132,14 +135,33 @@ def _volumes_sum() -> str:
     return f"(SELECT COALESCE(SUM(size_mb), 0) FROM {volumes} WHERE host IN (%s, ''))"
 
 
+def _checkpoints() -> bool:
+    """Whether the host's driver pauses with memory to disk (its memory then holds none)."""
+    return Capability.MEMORY_SNAPSHOTS in capabilities.supported()
+
+
+def _disk_sum(checkpoints: bool) -> tuple[str, list[str]]:
+    """SQL summing a host's live sandboxes' disks (one parameter first, the host) and, where
+    memory is checkpointed, the memory of those paused with it; its further parameters."""
+    if not checkpoints:
+        return "COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0)", []
+    return (
+        "COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb + CASE WHEN state = %s "
+        "AND pause_mode = %s THEN memory_mb ELSE 0 END ELSE 0 END), 0)",
+        [Sandbox.State.PAUSED.value, Sandbox.PauseMode.FULL.value],
+    )
+
+
 def _disk_usage(host: str) -> tuple[int, int]:
-    """The disk ``host``'s live sandboxes were given and its volumes' size limits, in MiB."""
+    """The disk ``host``'s live sandboxes were given (with their checkpoints) and its
+    volumes' size limits, in MiB."""
     qn = connection.ops.quote_name
+    disk_sql, disk_params = _disk_sum(_checkpoints())
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0), "
-            f"{_volumes_sum()} FROM {qn(Sandbox._meta.db_table)} WHERE state <> %s",
-            [host, host, Sandbox.State.KILLED.value],
+            f"SELECT {disk_sql}, {_volumes_sum()} FROM {qn(Sandbox._meta.db_table)} "
+            "WHERE state <> %s",
+            [host, *disk_params, host, Sandbox.State.KILLED.value],
         )
         row = cursor.fetchone()
     return int(row[0]), int(row[1])
@@ -155,21 +177,28 @@ def _usage(team_id: int, host: str) -> tuple[int, int, int, int]:
     qn = connection.ops.quote_name
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     sandboxes = qn(Sandbox._meta.db_table)
+    checkpoints = _checkpoints()
+    # Memory is held by every live sandbox but one paused with its files only, or, where
+    # memory is checkpointed, one paused at all.
+    holds_no_memory = "state = %s" if checkpoints else "state = %s AND pause_mode = %s"
+    no_memory_params = [Sandbox.State.PAUSED.value]
+    if not checkpoints:
+        no_memory_params.append(Sandbox.PauseMode.FILESYSTEM.value)
+    disk_sql, disk_params = _disk_sum(checkpoints)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {qn(Team._meta.db_table)} WHERE id = %s{lock}", [team_id])
         cursor.execute(
             f"SELECT COALESCE(SUM(CASE WHEN team_id = %s THEN 1 ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN host IN (%s, '') AND NOT (state = %s AND pause_mode = %s)"
+            f"COALESCE(SUM(CASE WHEN host IN (%s, '') AND NOT ({holds_no_memory})"
             f" THEN memory_mb ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN host IN (%s, '') THEN disk_size_mb ELSE 0 END), 0), "
-            f"{_volumes_sum()} "
+            f"{disk_sql}, {_volumes_sum()} "
             f"FROM {sandboxes} WHERE state <> %s",
             [
                 team_id,
                 host,
-                Sandbox.State.PAUSED.value,
-                Sandbox.PauseMode.FILESYSTEM.value,
+                *no_memory_params,
                 host,
+                *disk_params,
                 host,
                 Sandbox.State.KILLED.value,
             ],

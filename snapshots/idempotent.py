@@ -27,7 +27,11 @@ def _snapshot(
     team: Team, params: dict[str, str], body: dict[str, Any], rid: str, reserved: None
 ) -> tuple[int, Any]:
     snapshot = services.snapshot_create(
-        team=team, sandbox_id=params["sandbox_id"], name=body.get("name"), snapshot_id=rid
+        team=team,
+        sandbox_id=params["sandbox_id"],
+        name=body.get("name"),
+        snapshot_id=rid,
+        memory=body.get("memory"),
     )
     return 201, SnapshotInfoSerializer(snapshot).data
 

@@ -1,8 +1,10 @@
 """Snapshots: a sandbox's files captured as a template (E2B snapshots are templates: they
 are deleted through ``DELETE /templates/{id}`` and used as ``templateID``).
 
-The local runtime captures the file system only: processes are not checkpointed (CRIU does
-not work on these kernels), so a sandbox started from a snapshot boots fresh processes.
+The local driver captures the file system only: processes are not checkpointed (CRIU does
+not work on these kernels), so a sandbox started from its snapshot boots fresh processes.
+The gvisor driver captures memory too (Capability.MEMORY_SNAPSHOTS): a sandbox started
+from its snapshot, or forked, continues the source's processes.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import hashlib
 
 from django.db import IntegrityError, transaction
 
+from e2bfacade import capabilities
 from e2bfacade.errors import ApiError, Conflict
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import SandboxNotFound, SandboxRuntimeError
+from e2bfacade.runtime.base import Capability, SandboxNotFound, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox
 from sandboxes.services import CreateRequest, check_timeout, sandbox_create, sandbox_get
@@ -30,11 +33,14 @@ def snapshot_create(
     name: str | None,
     kind: str = Template.Kind.SNAPSHOT,
     snapshot_id: str | None = None,
+    memory: bool | None = None,
 ) -> Template:
-    """Capture the sandbox's files as a new template. The source keeps running (it is
-    frozen for the milliseconds the archive takes). Without an idempotency key every call
-    is a new snapshot (E2B semantics); ``snapshot_id`` lets a keyed retry re-drive the same
-    one: the runtime's snapshot is idempotent by that id."""
+    """Capture the sandbox's files as a new template — and, with ``memory`` (None: whenever
+    the driver can, as E2B's snapshots do), its running processes. The source keeps
+    running (it is frozen, or checkpointed and restored, for the moment the capture
+    takes). Without an idempotency key every call is a new snapshot (E2B semantics);
+    ``snapshot_id`` lets a keyed retry re-drive the same one: the runtime's snapshot is
+    idempotent by that id."""
     if snapshot_id is not None:
         done = Template.objects.filter(pk=snapshot_id, team=team).first()
         if done is not None:
@@ -49,7 +55,7 @@ def snapshot_create(
     snapshot_id = snapshot_id or new_template_id()
     runtime = get_runtime()
     try:
-        image = runtime.snapshot(sandbox.sandbox_id, snapshot_id)
+        image = runtime.snapshot(sandbox.sandbox_id, snapshot_id, memory=memory_kept(memory))
     except SandboxNotFound as exc:
         raise not_found(sandbox_id) from exc
     except (SandboxRuntimeError, OSError) as exc:
@@ -78,6 +84,14 @@ def snapshot_create(
     return template
 
 
+def memory_kept(asked: bool | None) -> bool:
+    """Whether a snapshot keeps memory: as asked (the serializer refused True where the
+    driver cannot), or by default wherever the driver can."""
+    if asked is not None:
+        return asked
+    return Capability.MEMORY_SNAPSHOTS in capabilities.supported()
+
+
 def fork_sandbox_id(fork_id: str, index: int) -> str:
     """The id of fork ``index`` of fork set ``fork_id``: derived, so a re-driven fork
     request adopts the sandboxes a crashed attempt started instead of starting more."""
@@ -92,7 +106,8 @@ def fork_sandbox_id(fork_id: str, index: int) -> str:
 def sandbox_fork(
     *, team: Team, sandbox_id: str, timeout: int, count: int, fork_id: str | None = None
 ) -> list[dict[str, object]]:
-    """Start ``count`` sandboxes from the source's current files. Returns one entry per
+    """Start ``count`` sandboxes from the source's current files (and, where the driver
+    can, its running processes: each a copy with its own identity). Returns one entry per
     fork, ``{"sandbox": Sandbox}`` or ``{"error": {code, message}}``, as E2B does: one
     fork failing does not fail the others. Idempotent by ``fork_id``."""
     check_timeout(timeout)  # refuse before snapshotting anything

@@ -34,6 +34,8 @@ class SnapshotViewSet(viewsets.ViewSet):
         serializer = SnapshotRequestSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         canonical = {"name": serializer.validated_data.get("name")}
+        if serializer.validated_data.get("memory") is not None:  # absent: the driver's default
+            canonical["memory"] = serializer.validated_data["memory"]
         return idempotency.run(
             request,
             team=team_of(request),
