@@ -14,7 +14,7 @@ from e2bfacade.models import ApiKey
 from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
 from tests.api.helpers import postgres_only, run_at_once
-from tests.support.factories import TemplateFactory
+from tests.support.factories import SandboxFactory, TeamFactory, TemplateFactory
 
 
 def create(client: APIClient, key: str | None = None, **fields: Any) -> Any:
@@ -91,3 +91,26 @@ def test_concurrent_creates_admit_exactly_the_teams_limit(
     assert statuses == {201: 3, 429: 5}
     assert Sandbox.objects.exclude(state="killed").count() == 3
     assert len(runtime.list()) == 3
+
+
+@pytest.mark.parametrize(
+    ("driver", "memory", "disk"),
+    [
+        # A freeze keeps memory in RAM: the paused sandbox holds its memory, not more disk.
+        ("local", 512 + 512, 1024 * 3),
+        # A checkpoint moves it to disk: no RAM held, its memory counted as disk instead.
+        ("gvisor", 512, 1024 * 3 + 512),
+    ],
+)
+def test_a_sandbox_paused_with_memory_holds_ram_on_local_and_disk_on_gvisor(
+    settings: Any, driver: str, memory: int, disk: int
+) -> None:
+    from sandboxes.admission import _usage
+
+    settings.SANDBOX_RUNTIME = driver
+    team = TeamFactory.create()
+    host = "this-host"
+    SandboxFactory(team=team, host=host)  # running
+    SandboxFactory(team=team, host=host, state="paused", pause_mode="full")
+    SandboxFactory(team=team, host=host, state="paused", pause_mode="filesystem")
+    assert _usage(team.pk, host)[1:3] == (memory, disk)

@@ -88,6 +88,17 @@ def test_sandboxes_by_state_counts_rows_at_scrape_time(anonymous_client: APIClie
         assert ("e2bfacade_sandboxes_by_state", (("state", state.value),)) in samples
 
 
+def test_the_drivers_capabilities_are_reported_so_an_operator_sees_which_keeps_memory(
+    anonymous_client: APIClient, settings: Any
+) -> None:
+    for driver, memory in (("local", 0), ("gvisor", 1)):
+        settings.SANDBOX_RUNTIME = driver
+        samples = scrape(anonymous_client)
+        name = "e2bfacade_runtime_capability"
+        assert sample(samples, name, driver=driver, capability="memory_snapshots") == memory
+        assert sample(samples, name, driver=driver, capability="filesystem_pause") == 1
+
+
 def test_a_scrape_is_one_query_per_table(
     anonymous_client: APIClient, django_assert_num_queries: Any
 ) -> None:

@@ -35,13 +35,23 @@ int main(int argc, char **argv) {
 """
 
 
-def make_runtime(prefix: str = "e2bt-", **options: Any) -> LocalRuntime:
+def make_runtime(
+    prefix: str = "e2bt-", *, driver: type[LocalRuntime] = LocalRuntime, **options: Any
+) -> LocalRuntime:
+    """A runtime of ``driver`` (the local one, or one built on it) on a fresh root."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        return LocalRuntime(root, **options)
+        return driver(root, **options)
     except RuntimeUnavailable as exc:
         shutil.rmtree(root, ignore_errors=True)
-        pytest.skip(f"the local runtime cannot run here: {exc.message}")
+        pytest.skip(f"the {driver.name} runtime cannot run here: {exc.message}")
+
+
+def make_gvisor_runtime(prefix: str = "e2bg-", **options: Any) -> LocalRuntime:
+    """A gVisor runtime (a LocalRuntime whose launcher is runsc) on a fresh root."""
+    from e2bfacade.runtime.gvisor.driver import GvisorRuntime
+
+    return make_runtime(prefix, driver=GvisorRuntime, **options)
 
 
 def destroy_runtime(rt: LocalRuntime) -> None:
@@ -72,6 +82,14 @@ def destroy_runtime(rt: LocalRuntime) -> None:
 @pytest.fixture(scope="session")
 def runtime() -> Iterator[LocalRuntime]:
     rt = make_runtime()
+    rt.ensure_base_image()
+    yield rt
+    destroy_runtime(rt)
+
+
+@pytest.fixture(scope="session")
+def gvisor_runtime() -> Iterator[LocalRuntime]:
+    rt = make_gvisor_runtime()
     rt.ensure_base_image()
     yield rt
     destroy_runtime(rt)

@@ -45,10 +45,12 @@ pytestmark = pytest.mark.parametrize("driver_name", registry.driver_names())
 
 @pytest.fixture
 def driver(driver_name: str, request: pytest.FixtureRequest) -> Runtime:
-    if driver_name == "local":
-        # The local driver's session runtime (tests/runtime/conftest.py): one root, one
-        # sandboxd, cleaned up thoroughly at the end of the session.
-        rt: Runtime = request.getfixturevalue("runtime")
+    if driver_name in ("local", "gvisor"):
+        # The driver's session runtime (tests/runtime/conftest.py): one root, cleaned up
+        # thoroughly at the end of the session (gvisor: skipped where runsc is missing).
+        rt: Runtime = request.getfixturevalue(
+            "runtime" if driver_name == "local" else "gvisor_runtime"
+        )
         return rt
     pytest.skip(f"no test root is set up for driver {driver_name!r}")  # pragma: no cover
 

@@ -24,8 +24,11 @@ from templates.models import Template
 
 def helper_pids(root: Path) -> list[int]:
     """Every sandboxd process serving ``root`` (the listener and its keeper, whatever they
-    call themselves): any process whose command line names a socket under it."""
+    call themselves): any process whose command line names a socket under it — and, for
+    the gvisor driver, every process of runsc's with the root's state (a sandbox's
+    processes, the keeper that reaps them)."""
     prefix = str(root / "run" / "sandboxd-").encode()
+    runsc_state = f"--root={root / 'runsc'}".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -34,7 +37,7 @@ def helper_pids(root: Path) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(prefix in arg for arg in argv):
+        if any(prefix in arg or arg == runsc_state for arg in argv):
             pids.append(int(entry))
     return pids
 
