@@ -14,6 +14,16 @@ import pytest
 from e2bfacade.runtime.base import CreateRefused, SandboxSpec, SandboxState
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import MiB, buried, loop_backings, ok, run, wait_until
+from tests.security.drivers import is_gvisor
+
+# gvisor: runsc gives /dev a tmpfs of its own, sized by the host's memory (12 GiB here),
+# whatever size the bundle asks; filling it reaches the sandbox's memory limit, whose OOM
+# kill takes the sentry (the whole sandbox) within a second, and the host's call into the
+# dead sandbox then never returns (nothing resets its agent connection).
+GVISOR_DEV = (
+    "gvisor hole: /dev ignores its 64 MiB size (runsc's own tmpfs); filling it OOM-kills the "
+    "sentry and the host-side run() into the dead sandbox hangs past its timeout"
+)
 
 # Writes up to argv[2] MiB to argv[1] in 1 MiB blocks, then, once refused, in 4 KiB ones
 # until the last block is taken; prints the errno's name (or OK) and the MiB written.
@@ -96,10 +106,13 @@ def test_two_sandboxes_disks_are_independent(
     assert metrics.disk_used >= 16 * MiB
 
 
+@pytest.mark.timeout(30)  # gvisor's /dev: a hang, which this bounds (a fill takes ~1 s)
 @pytest.mark.parametrize("mount", ["/dev/shm", "/run", "/dev"])
 def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
-    runtime: LocalRuntime, sandbox_id: str, mount: str
+    runtime: LocalRuntime, sandbox_id: str, mount: str, request: pytest.FixtureRequest
 ) -> None:
+    if is_gvisor(runtime) and mount == "/dev":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_DEV))
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=512))
     before = runtime.metrics(sandbox_id).mem_used
     result = run(runtime, sandbox_id, ["python3", "-c", FILL, f"{mount}/fill", "1024"], timeout=60)

@@ -14,6 +14,7 @@ import pytest
 from e2bfacade.runtime.base import GuestFileError, SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
+from tests.security.drivers import is_gvisor, xfail_on_gvisor
 
 
 def _umask(pid: int) -> str:
@@ -31,9 +32,12 @@ def test_the_guests_init_agent_and_commands_have_umask_0022(
     def agents() -> list[int]:
         return [p for p in cgroup_pids(runtime, sandbox_id) if cmdline(p)[:1] == [b"e2b-agent"]]
 
-    assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
-    agent = agents()
-    assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
+    # gvisor: the init and the agent are tasks of gVisor's kernel, not host processes, and
+    # its /proc/<pid>/status has no Umask line; what they hand on is what a command gets.
+    if not is_gvisor(runtime):
+        assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
+        agent = agents()
+        assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
     assert ok(runtime, sandbox_id, "umask").strip() == "0022"
     assert ok(runtime, sandbox_id, "umask", user="user").strip() == "0022"
     # What root makes, user can read (and list), as on any machine.
@@ -59,7 +63,9 @@ def test_no_host_path_shows_in_the_guests_mounts_or_df(
     assert str(runtime.root) not in seen
     assert "sandboxes/" not in seen
     root_line = ok(runtime, sandbox_id, "df -P / | tail -1").split()
-    assert root_line[0] == "overlay" and root_line[-1] == "/"
+    assert root_line[-1] == "/"
+    # The local driver's root is an overlay; gVisor shows its own file system ("none").
+    assert root_line[0] == ("none" if is_gvisor(runtime) else "overlay")
 
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -91,7 +97,7 @@ def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
 
 
 def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: LocalRuntime, sandbox_id: str, request: pytest.FixtureRequest
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
 
@@ -101,29 +107,47 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
     # The guest's own values (as E2B's SDK test reads boot_id), not the host's.
     assert read(BOOT_ID).decode() == ok(runtime, sandbox_id, f"cat {BOOT_ID}")
     assert read(BOOT_ID) != Path(BOOT_ID).read_bytes()
-    assert read("/sys/class/net/lo/mtu").decode() == ok(
-        runtime, sandbox_id, "cat /sys/class/net/lo/mtu"
-    )
+    # gVisor's sysfs has no /sys/class/net: another of its files, read the same way.
+    sys_file = "/sys/devices/system/cpu/online" if is_gvisor(runtime) else "/sys/class/net/lo/mtu"
+    assert read(sys_file).decode() == ok(runtime, sandbox_id, f"cat {sys_file}")
     # Read by a guest process of the caller's user: /proc/self is that reader.
     assert "\nUid:\t1000\t1000\t1000\t1000\n" in read("/proc/self/status").decode()
     assert "\nUid:\t0\t0\t0\t0\n" in read("/proc/self/status", user="root").decode()
     ok(runtime, sandbox_id, f"ln -s {BOOT_ID} ~/boot-link", user="user")
-    assert read("boot-link") == read(BOOT_ID)  # a link into /proc, resolved in the guest
+    if is_gvisor(runtime):
+        # A link into /proc resolves in the root tree on the host, whose /proc is empty:
+        # not found (never the host's /proc; a functional gap of the driver, not a hole).
+        with pytest.raises(GuestFileError) as missing:
+            read("boot-link")
+        assert missing.value.errno == errno.ENOENT
+    else:
+        assert read("boot-link") == read(BOOT_ID)  # a link into /proc, resolved in the guest
     # The guest's answers: its permissions, its errors, a bound on what is read.
     for path, user, code in (
-        ("/proc/1/environ", "root", errno.EACCES),  # the init is not dumpable
+        # the init is not dumpable (gvisor: a hole, the xfail of test_guest_probes.py's
+        # test_the_init_cannot_be_read[gvisor-/proc/1/environ-*])
+        *([] if is_gvisor(runtime) else [("/proc/1/environ", "root", errno.EACCES)]),
         ("/proc/no-such-file", "user", errno.ENOENT),
         ("/proc/self/root/dev/zero", "user", errno.EFBIG),  # endless: at most 1 MiB is read
     ):
         with pytest.raises(GuestFileError) as caught:
             read(path, user)
         assert caught.value.errno == code, (path, caught.value)
-    # Only reads: everything else on the guest's kernel files is still refused by the host.
-    with pytest.raises(GuestFileError) as refused:
-        runtime.guest(sandbox_id).write_file("/proc/sys/kernel/hostname", [b"x"], user="root")
-    assert refused.value.errno == errno.EPERM
+    # Only reads: everything else on the guest's kernel files is still refused by the host
+    # (gvisor: the host's tree has an empty read-only file system where gVisor's /proc,
+    # /sys, /dev and /run are, so a write there is EROFS, never a file nobody sees).
+    gvisor_own = ["/dev/x", "/run/e2b/sandboxd"] if is_gvisor(runtime) else []
+    for path in ["/proc/sys/kernel/hostname", *gvisor_own]:
+        with pytest.raises(GuestFileError) as refused:
+            runtime.guest(sandbox_id).write_file(path, [b"x"], user="root")
+        wanted = errno.EROFS if is_gvisor(runtime) else errno.EPERM
+        assert refused.value.errno == wanted, (path, refused.value)
 
 
+@xfail_on_gvisor(
+    "gvisor hole (information): the guest's /proc/meminfo and free show the host's total "
+    "memory (runsc's --total-memory defaults to the host's), not its memory_mb"
+)
 def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
