@@ -46,10 +46,10 @@ from e2bfacade.runtime.gvisor import bundle, link
 from e2bfacade.runtime.gvisor.guest import GvisorGuest
 from e2bfacade.runtime.gvisor.runsc import Runsc, RunscError
 from e2bfacade.runtime.local import build
-from e2bfacade.runtime.local.driver import DEFAULT_SNAPSHOT_MAX_BYTES, LocalRuntime
+from e2bfacade.runtime.local.driver import LocalRuntime
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.net.network import digest_of
-from e2bfacade.runtime.local.net.rules import Link, NetworkConfig
+from e2bfacade.runtime.local.net.rules import Link
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
@@ -76,30 +76,13 @@ class GvisorRuntime(LocalRuntime):
     capabilities = LocalRuntime.capabilities | {Capability.MEMORY_SNAPSHOTS}
 
     def __init__(
-        self,
-        root: Path,
-        cgroup_version: str = "auto",
-        *,
-        snapshot_max_bytes: int = DEFAULT_SNAPSHOT_MAX_BYTES,
-        host_reserve_mb: int | None = None,
-        spares: int = 2,
-        network: NetworkConfig | None = None,
-        warm: int = 0,
-        claim_ids: bool = True,
+        self, root: Path, *args: Any, spares: int = 2, warm: int = 0, **options: Any
     ) -> None:
+        """The local driver's options; ``spares`` counts pooled disks only (runsc is the
+        launcher: no spare launchers) and ``warm`` is ignored (no pool of started
+        sandboxes: a create boots in ~0.3 s)."""
         self.runsc = Runsc(root / "runsc")  # RuntimeUnavailable without runsc, before anything
-        # No spare launchers (runsc is the launcher) and no pool of started sandboxes (a
-        # create is a restore-free boot of ~0.3 s); pooled disks, yes.
-        super().__init__(
-            root,
-            cgroup_version,
-            snapshot_max_bytes=snapshot_max_bytes,
-            host_reserve_mb=host_reserve_mb,
-            spares=0,
-            network=network,
-            warm=0,
-            claim_ids=claim_ids,
-        )
+        super().__init__(root, *args, spares=0, warm=0, **options)
         self.disk_pool.target = spares
         self._digest = digest_of(root)[:8]
         link.ensure_guard()
