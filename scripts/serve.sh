@@ -48,8 +48,11 @@ sys.exit(0 if ApiKey.objects.resolve(os.environ["E2BFACADE_KEY"]) else 1)
 fi
 if [[ -z "$key" ]]; then
     output="$("$python" manage.py create_team local --key-name serve.sh)"
-    printf '%s\n' "$output" | sed '$d' >&2  # the human lines; the key is printed below
     key="$(printf '%s\n' "$output" | tail -n 1)"
+    # create_team's first line names the team; its next one promises the key on the line
+    # after it, which serve.sh prints in its export lines instead.
+    printf '%s\n' "$output" | head -n 1 >&2
+    log "created an API key for it, stored hashed: it is shown once, in the E2B_API_KEY line below"
     (umask 077 && rm -f .local-api-key && printf '%s\n' "$key" > .local-api-key)
 fi
 
