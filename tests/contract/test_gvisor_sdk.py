@@ -120,6 +120,32 @@ def test_the_local_driver_refuses_a_memory_snapshot_by_name(
         sandbox.kill()
 
 
+def test_every_kind_of_sandbox_answers_a_connect_made_right_after_a_power_cut(
+    sdk: LiveServer,
+) -> None:
+    """Clients reconnect before any reconcile has run: a running sandbox and one paused
+    without memory come back from their disks, one paused with memory from its checkpoint;
+    each answers the data plane at once (never a 201 for a sandbox that does not run)."""
+    made = {mode: Sandbox.create(timeout=600) for mode in ("running", "memory", "filesystem")}
+    for mode, sandbox in made.items():
+        sandbox.files.write("/home/user/marker.txt", mode)
+        sandbox.commands.run("sync")
+    token, n = start_counter(made["memory"])
+    assert made["memory"].pause() is True
+    assert made["filesystem"].pause(keep_memory=False) is True
+    sdk.kill()
+    power_cut(sdk.sandbox_root)
+    sdk.start()  # no reconcile: the connect is the first to meet each sandbox
+    for mode, sandbox in made.items():
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+        assert resumed.files.read("/home/user/marker.txt") == mode
+        assert resumed.commands.run("echo alive").stdout == "alive\n", mode
+    again = read_state(Sandbox.connect(made["memory"].sandbox_id, timeout=600))
+    assert again[0] == token and again[1] > n
+    for sandbox in made.values():
+        sandbox.kill()
+
+
 def test_a_memory_pause_survives_a_power_cut_of_the_whole_service(sdk: LiveServer) -> None:
     """Last in the module: it cuts the power of the module's server."""
     sandbox = Sandbox.create(timeout=600)

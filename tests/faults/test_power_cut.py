@@ -62,3 +62,39 @@ def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
     for sbx in made.values():
         assert Sandbox.kill(sbx.sandbox_id) is True
     assert dep.runtime_ids() == set()
+
+
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["power-cut", "kill-9-each"])
+def test_a_client_that_reconnects_right_after_a_power_cut_gets_its_sandbox_back(
+    cut_deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch, one_by_one: bool
+) -> None:
+    """Clients reconnect as soon as the service answers, before any reconcile has run:
+    every kind of sandbox is resumed from its disk by the connect itself (201, then every
+    data-plane call works), never a 201 for a sandbox that is not running, never a 500."""
+    dep, server = cut_deployment
+    api_key = dep.take_team().api_key
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    monkeypatch.setenv("E2B_API_KEY", api_key)
+    made: dict[str, Sandbox] = {}
+    for name, marker in MARKERS.items():
+        sbx = Sandbox.create(timeout=600)
+        sbx.files.write("/home/user/marker.txt", marker)
+        sbx.commands.run("sync")
+        made[name] = sbx
+    assert made["frozen"].pause()
+    assert made["filesystem"].pause(keep_memory=False)
+
+    server.kill()
+    power_cut(server.sandbox_root, one_by_one=one_by_one)
+    server.start()  # no reconcile first: the connect is the first to meet each sandbox
+
+    for name in ("frozen", "running", "filesystem"):
+        resumed = Sandbox.connect(made[name].sandbox_id, timeout=600)
+        assert resumed.files.read("/home/user/marker.txt") == MARKERS[name], name
+        assert resumed.commands.run("echo alive").stdout == "alive\n", name
+        info = sandbox_detail(server.url, api_key, resumed.sandbox_id)
+        assert info["state"] == "running", (name, info)
+    for sbx in made.values():
+        assert Sandbox.kill(sbx.sandbox_id) is True
+    assert dep.runtime_ids() == set()

@@ -42,11 +42,15 @@ def helper_pids(root: Path) -> list[int]:
     return pids
 
 
-def power_cut(root: Path) -> None:
+def power_cut(root: Path, *, one_by_one: bool = False) -> None:
     """What a power cut leaves of the runtime root ``root``: every process of it gone at
     once — the launcher daemon and its keeper, spare launchers, every sandbox's init and
     agent (all in the root's cgroups) — and, as after a reboot, none of its disks mounted.
-    (The service's own processes, gunicorn and the rest, are the caller's to kill.)"""
+    (The service's own processes, gunicorn and the rest, are the caller's to kill.)
+
+    ``one_by_one``: SIGKILL each process as an operator's ``kill -9`` does, with no thaw:
+    a frozen sandbox's processes then die only when they next run (a thaw), so the service
+    starts again beside inits that look alive and frozen but are doomed."""
     from e2bfacade.runtime.local.cgroups import detect
     from e2bfacade.runtime.local.net.network import digest_of
 
@@ -55,9 +59,15 @@ def power_cut(root: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     cgroups = detect(f"e2bfacade-{digest_of(root)}", "auto")
     for name in cgroups.names():
-        cgroups.kill_all(name)
+        if not one_by_one:
+            cgroups.kill_all(name)
+            continue
+        for pid in cgroups.pids(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     for name in cgroups.names():
-        cgroups.wait_empty(name)
+        if not one_by_one or not cgroups.is_frozen(name):
+            cgroups.wait_empty(name)
     for pid in helper_pids(root):
         with contextlib.suppress(ChildProcessError, ProcessLookupError):
             os.waitpid(pid, 0)  # ours, when this process's runtime started it

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CRASH_REASON, Census, PauseMode, SandboxState
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
-from e2bfacade.runtime.local.state import proc_starttime
+from e2bfacade.runtime.local.state import kill_pending, proc_starttime
 from e2bfacade.runtime.local.storage import disks
 
 if TYPE_CHECKING:
@@ -21,9 +21,12 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
     if record.parked is not None:
         state, reason = SandboxState.PAUSED, record.parked.reason
         mode = PauseMode.FULL if record.parked.memory else PauseMode.FILESYSTEM
-    elif proc_starttime(record.init_pid) != record.init_start:
-        # Its processes ended without a pause: its files are kept (a pool sandbox's
-        # are no one's), and it is paused until a resume cold-boots it.
+    elif proc_starttime(record.init_pid) != record.init_start or (
+        rt.cgroups.is_frozen(record.sandbox_id) and kill_pending(record.init_pid)
+    ):
+        # Its processes ended without a pause (or, frozen, were killed: they die as soon
+        # as a thaw lets them run): its files are kept (a pool sandbox's are no one's),
+        # and it is paused until a resume cold-boots it, ending what is left of them.
         if not record.is_warm and disks.exists(rt.layout.sandbox_dir(record.sandbox_id)):
             state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, CRASH_REASON
         else:

@@ -27,6 +27,7 @@ import json
 import os
 import resource
 import select
+import signal
 import threading
 import weakref
 import zlib
@@ -72,6 +73,23 @@ def proc_starttime(pid: int) -> int | None:
     if fields[0] == "Z":
         return None
     return int(fields[19])
+
+
+def kill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL waiting (for it or its thread group): a frozen process
+    that was killed dies only when it next runs, so until a thaw it looks alive and
+    frozen while it is doomed (an operator's ``kill -9`` of a frozen sandbox's processes)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    bit = 1 << (signal.SIGKILL - 1)
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("SigPnd", "ShdPnd") and int(value.strip() or "0", 16) & bit:
+            return True
+    return False
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -129,10 +129,12 @@ def open_init(init_pid: int, init_start: int, name: str, flags: int) -> int:
     try:
         with open(os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)) as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        if int(fields[19]) != init_start:
+        if int(fields[19]) != init_start or fields[0] in ("Z", "X"):
             raise SandboxGone(f"the sandbox's init {init_pid} is gone")
         return os.open(name, flags | os.O_CLOEXEC, dir_fd=proc)
-    except ProcessLookupError:
+    except (ProcessLookupError, FileNotFoundError):
+        # Gone between the check and the open (an exited init's root and namespaces
+        # vanish before its /proc directory does).
         raise SandboxGone(f"the sandbox's init {init_pid} is gone") from None
     finally:
         os.close(proc)
