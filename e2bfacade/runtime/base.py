@@ -454,17 +454,21 @@ class StartCommand:
 @dataclass(frozen=True)
 class ImageBuild:
     """An image made by code instead of an archive: ``populate`` fills the new layer's
-    root (a directory on the host, on top of ``parent``'s files); ``env`` is the
-    environment of every process in its sandboxes (under the sandbox's env vars). Without
-    a ``parent``, what ``populate`` makes is a whole root file system, finished as an
-    imported archive is (the driver's mount points, the default user's account and home
-    when it has none)."""
+        root (a directory on the host, on top of ``parent``'s files); ``env`` is the
+        environment of every process in its sandboxes (under the sandbox's env vars), ``workdir``
+    their working directory when they name none. Without
+        a ``parent``, what ``populate`` makes is a whole root file system, finished as an
+        imported archive is (the driver's mount points, the default user's account and home
+        when it has none)."""
 
     image_id: str
     parent: str | None
     populate: Callable[[Path], None]
     env: Mapping[str, str] = field(default_factory=dict)
     start: StartCommand | None = None
+    # Where processes started without a working directory begin in its sandboxes (E2B's
+    # template WORKDIR, envd's default workdir); None: the user's home.
+    workdir: str | None = None
 
 
 class Runtime(Protocol):

@@ -202,7 +202,14 @@ class Execution:
             self._check_ready_only(ready_cmd, ctx)
         image_id = f"tf-{key[:24]}"
         info = self.runtime.build_image(
-            ImageBuild(image_id=image_id, parent=files, populate=_nothing, env=ctx.env, start=start)
+            ImageBuild(
+                image_id=image_id,
+                parent=files,
+                populate=_nothing,
+                env=ctx.env,
+                start=start,
+                workdir=ctx.workdir,
+            )
         )
         image_id = info.image_id
         if depth(self.runtime, image_id) > SQUASH_DEPTH:

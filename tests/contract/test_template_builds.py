@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import BuildException, Sandbox, Template, wait_for_timeout
+from e2b import BuildException, PtySize, Sandbox, Template, wait_for_timeout
 
 from tests.contract.template_support import q, request_build, unique
 from tests.support.live_server import LiveServer
@@ -104,13 +104,19 @@ def test_envs_workdir_and_start_command_reach_every_sandbox(box: Sandbox) -> Non
     assert _sh(box, "cat /tmp/start-cwd") == "/app"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not implemented: a sandbox's commands start in the user's home, not in the "
-    "template's final workdir (E2B gives envd the final context's workdir as its default)",
-)
 def test_commands_start_in_the_templates_final_workdir(box: Sandbox) -> None:
+    # envd's default: the template's last WORKDIR, for commands and terminals alike; a
+    # command's own cwd and a file's relative path are unchanged (home).
     assert _sh(box, "pwd") == "/app"
+    assert _sh(box, "pwd", "root") == "/app"
+    assert str(box.commands.run("pwd", cwd="/tmp").stdout).strip() == "/tmp"
+    terminal = box.pty.create(PtySize(rows=24, cols=80))
+    box.pty.send_stdin(terminal.pid, b"pwd; exit\n")
+    output: list[bytes] = []
+    terminal.wait(on_pty=output.append)
+    assert b"/app" in b"".join(output)
+    box.files.write("relative.txt", "here")
+    assert _sh(box, "cat /home/user/relative.txt") == "here"
 
 
 def test_an_unchanged_rebuild_is_all_cached(built: Built) -> None:

@@ -68,6 +68,7 @@ class SandboxRecord:
     # What every process started in it gets (the directory is root-only, 0700).
     env_vars: Mapping[str, str] = field(default_factory=dict)
     image_env: Mapping[str, str] = field(default_factory=dict)  # the template's, under env_vars
+    image_workdir: str | None = None  # where processes that name no cwd start (the template's)
     default_user: str = DEFAULT_USER
     envd_access_token: str | None = None
     traffic_access_token: str | None = None
@@ -125,6 +126,7 @@ class SandboxRecord:
             "hostname": self.hostname,
             "env_vars": dict(self.env_vars),
             "image_env": dict(self.image_env),
+            "image_workdir": self.image_workdir,
             "default_user": self.default_user,
             "envd_access_token": self.envd_access_token,
             "traffic_access_token": self.traffic_access_token,
@@ -164,6 +166,7 @@ class SandboxRecord:
             hostname=str(data.get("hostname") or ""),
             env_vars=dict(data.get("env_vars") or {}),
             image_env=dict(data.get("image_env") or {}),
+            image_workdir=data.get("image_workdir") or None,
             default_user=str(data.get("default_user") or DEFAULT_USER),
             envd_access_token=data.get("envd_access_token"),
             traffic_access_token=data.get("traffic_access_token"),

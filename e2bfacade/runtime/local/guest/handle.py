@@ -75,7 +75,8 @@ class LocalGuest:
         env = process_env(account, {**r.image_env, **r.env_vars}, spec)
         if any("\0" in k or "\0" in v or "=" in k for k, v in env.items()):
             raise CreateRefused("an environment variable contains a NUL byte or '=' in its name")
-        cwd = spec.cwd or account.home
+        # envd's order: the request's cwd, else the template's final WORKDIR, else home.
+        cwd = spec.cwd or r.image_workdir or account.home
         if "\0" in cwd:
             raise CreateRefused("the working directory contains a NUL byte")
         return self._agent.start(start_items(account, spec, env, cwd), pty=spec.pty is not None)

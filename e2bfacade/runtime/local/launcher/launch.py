@@ -37,7 +37,7 @@ from e2bfacade.runtime.local.pools.warm import is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
-from e2bfacade.runtime.local.storage.images import env_of, start_of
+from e2bfacade.runtime.local.storage.images import env_of, start_of, workdir_of
 from e2bfacade.runtime.start import run_start_command
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 
@@ -82,6 +82,7 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         hostname=spec.hostname,
         env_vars=dict(spec.env_vars),
         image_env=env_of(chain),
+        image_workdir=workdir_of(chain),
         default_user=spec.default_user,
         envd_access_token=spec.envd_access_token,
         traffic_access_token=spec.traffic_access_token,

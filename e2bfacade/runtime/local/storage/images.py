@@ -198,6 +198,8 @@ class ImageStore:
             start = next((m["start"] for m in chain if m.get("start")), None)
             if start:
                 out["start"] = start
+            if workdir := workdir_of(chain):
+                out["workdir"] = workdir
             return out
 
         return self.publish(new_id, make)
@@ -241,6 +243,8 @@ class ImageStore:
                 meta["env"] = dict(spec.env)
             if spec.start is not None:
                 meta["start"] = dataclasses.asdict(spec.start)
+            if spec.workdir:
+                meta["workdir"] = spec.workdir
             return meta
 
         return self.publish(spec.image_id, make)
@@ -297,6 +301,12 @@ def start_of(chain: builtins.list[dict[str, Any]]) -> StartCommand | None:
                 ready_argv=tuple(start["ready_argv"]) if start.get("ready_argv") else None,
             )
     return None
+
+
+def workdir_of(chain: builtins.list[dict[str, Any]]) -> str | None:
+    """The working directory of processes that name none: the topmost image's that sets
+    one (a snapshot keeps its template's)."""
+    return next((str(m["workdir"]) for m in chain if m.get("workdir")), None)
 
 
 def env_of(chain: builtins.list[dict[str, Any]]) -> dict[str, str]:
