@@ -74,16 +74,49 @@ def check_shape(cpu_count: object, memory_mb: object) -> tuple[int, int]:
     return cpu, memory
 
 
-def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
-    """``POST /v3/templates``: the template (made on first use of its name) and a new
-    ``waiting`` build that will carry the tags."""
-    name = names.parse(body.get("name") or body.get("alias"))
+def build_request_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /v3/templates``'s body checked (400s with E2B's texts) and made canonical:
+    what an Idempotency-Key's fingerprint covers and what a re-drive runs again."""
+    raw_name = body.get("name") or body.get("alias")
+    name = names.parse(raw_name)
     tags = names.tags(body.get("tags") or [], first=name.tag) or [DEFAULT_TAG]
     cpu, memory = check_shape(body.get("cpuCount"), body.get("memoryMB"))
     _check_fits(name.name, cpu, memory)
+    return {"name": str(raw_name).strip(), "tags": tags, "cpuCount": cpu, "memoryMB": memory}
+
+
+def build_request(
+    *, team: Team, body: dict[str, Any], build_id: uuid.UUID | None = None
+) -> Requested:
+    """``POST /v3/templates`` (``body`` as :func:`build_request_body` made it): the template
+    (made on first use of its name) and a new ``waiting`` build that will carry the tags.
+
+    Idempotent by ``build_id`` (an Idempotency-Key's reserved id): a build of that id
+    already made is answered again, never a second one; a concurrent driver of the same id
+    loses the insert and answers the winner's."""
+    if build_id is not None and (done := _requested(team, build_id)) is not None:
+        return done
+    name = names.parse(body["name"])
+    tags, cpu, memory = list(body["tags"]), int(body["cpuCount"]), int(body["memoryMB"])
     _expire_waiting(team)
+    try:
+        return _request(team, name.name, tags, cpu, memory, build_id or uuid.uuid4())
+    except IntegrityError:
+        if build_id is None or (done := _requested(team, build_id)) is None:
+            raise
+        return done
+
+
+def _requested(team: Team, build_id: uuid.UUID) -> Requested | None:
+    build = TemplateBuild.objects.select_related("template").filter(pk=build_id, team=team).first()
+    return None if build is None else Requested(build.template, build, list(build.tags))
+
+
+def _request(
+    team: Team, name: str, tags: list[str], cpu: int, memory: int, build_id: uuid.UUID
+) -> Requested:
     with transaction.atomic():
-        template = _template_for(team, name.name, cpu, memory)
+        template = _template_for(team, name, cpu, memory)
         active = TemplateBuild.objects.filter(
             team=team, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
         )
@@ -102,6 +135,7 @@ def build_request(*, team: Team, body: dict[str, Any]) -> Requested:
         for old in superseded:
             finish_error(old, SUPERSEDED, step=None)
         build = TemplateBuild.objects.create(
+            build_id=build_id,
             template=template,
             team=team,
             status=BuildStatus.WAITING,

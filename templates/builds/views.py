@@ -16,8 +16,10 @@ from rest_framework.views import APIView
 
 from e2bfacade.errors import BadRequest, NotFound
 from e2bfacade.requests import json_body, team_of
-from e2bfacade.schema import errors
+from e2bfacade.schema import IDEMPOTENCY_KEY, errors
+from idempotency import http as idempotency
 from templates.builds import files, services, tags
+from templates.builds.idempotent import REQUEST_BUILD
 from templates.models import Template
 
 V1_REFUSED = (
@@ -56,21 +58,13 @@ class BuildViewSet(viewsets.ViewSet):
     @extend_schema(
         operation_id="postTemplatesV3",
         request=OpenApiTypes.OBJECT,
-        responses={202: OpenApiTypes.OBJECT, **errors(400, 403, 429)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={202: OpenApiTypes.OBJECT, **errors(400, 403, 409, 422, 429)},
     )
-    def request_build(self, request: Request) -> Response:
-        done = services.build_request(team=team_of(request), body=json_body(request))
-        alias = done.template.alias or ""
-        return Response(
-            {
-                "templateID": done.template.template_id,
-                "buildID": str(done.build.build_id),
-                "public": False,
-                "names": [alias],
-                "aliases": [alias],
-                "tags": done.tags,
-            },
-            status=status.HTTP_202_ACCEPTED,
+    def request_build(self, request: Request) -> Any:
+        body = services.build_request_body(json_body(request))  # nothing recorded for a 400
+        return idempotency.run(
+            request, team=team_of(request), route=REQUEST_BUILD, params={}, body=body
         )
 
     @extend_schema(
