@@ -16,6 +16,8 @@ import pytest
 
 from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local import LocalRuntime, lxcfs
+from e2bfacade.runtime.local.net import accounts
+from e2bfacade.runtime.local.net.network import digest_of
 from tests.runtime.helpers import any_daemon_pids, compile_static, sigkill_and_reap
 
 PROBE_SOURCE = r"""
@@ -55,7 +57,8 @@ def make_gvisor_runtime(prefix: str = "e2bg-", **options: Any) -> LocalRuntime:
 
 
 def destroy_runtime(rt: LocalRuntime) -> None:
-    """Kill every sandbox of ``rt``, its daemons and groups, and delete its root."""
+    """Kill every sandbox of ``rt``, end its daemons, remove its groups and the guard of its
+    sandboxes' addresses (net/accounts.py), and delete its root."""
     rt.discard_spares()
     sandboxes = rt.root / "sandboxes"
     ids = {p.name for p in sandboxes.iterdir() if not p.name.startswith(".")}
@@ -76,6 +79,7 @@ def destroy_runtime(rt: LocalRuntime) -> None:
             parent.rmdir()
         except OSError:
             pass
+    accounts.remove(digest_of(rt.root))
     shutil.rmtree(rt.root, ignore_errors=True)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ipaddress
 import os
 import shutil
 import socket
@@ -100,6 +101,11 @@ class GvisorRuntime(LocalRuntime):
 
     def disk_id_base(self, id_base: int) -> int:
         return 0  # the guest's ids are stored as they are (bundle.py)
+
+    def guest_ranges(self) -> builtins.list[ipaddress.IPv4Network]:
+        """The root's network's range and its share of the isolated links (a sandbox made
+        before networking was configured keeps an isolated link while it lives)."""
+        return [*super().guest_ranges(), link.isolated_range(self.layout.id_block)]
 
     def link_of(self, sandbox_id: str) -> Link:
         """The sandbox's link: its network slot's, or an isolated one (link.py)."""

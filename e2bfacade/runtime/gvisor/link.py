@@ -24,7 +24,7 @@ from pathlib import Path
 
 from e2bfacade.runtime.base import CreateRefused, RuntimeUnavailable
 from e2bfacade.runtime.local.net.rules import Link
-from e2bfacade.runtime.local.state import ID_FIRST_BASE, ID_RANGE
+from e2bfacade.runtime.local.state import ID_FIRST_BASE, ID_RANGE, ID_SLOTS, block_base
 
 AGENT_PORT = 49983  # envd's port in an E2B sandbox
 NETNS_DIR = Path("/run/netns")
@@ -80,6 +80,14 @@ def isolated_link(id_base: int) -> Link:
         host_ip=str(ipaddress.IPv4Address(base + 1)),
         guest_ip=str(ipaddress.IPv4Address(base + 2)),
     )
+
+
+def isolated_range(block: int) -> ipaddress.IPv4Network:
+    """Every isolated link's addresses of the root of the id block ``block``: its slots'
+    /30s, one aligned range (a /18), disjoint from every other root's."""
+    first = isolated_link(block_base(block))
+    size = 4 * ID_SLOTS
+    return ipaddress.IPv4Network(f"{first.host_ip}/{33 - size.bit_length()}", strict=False)
 
 
 def netns_name(link: Link) -> str:

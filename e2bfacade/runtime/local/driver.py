@@ -17,7 +17,9 @@ steps that start and stop processes are in steps.py, which the gVisor driver rep
 from __future__ import annotations
 
 import builtins
+import ipaddress
 import json
+import os
 import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -48,6 +50,7 @@ from e2bfacade.runtime.local.cgroups import Cgroups, detect
 from e2bfacade.runtime.local.guest.handle import LocalGuest
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.launcher.client import Launcher
+from e2bfacade.runtime.local.net import accounts
 from e2bfacade.runtime.local.net.network import digest_of, open_network
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from e2bfacade.runtime.local.pools.disks import DiskPool
@@ -132,6 +135,14 @@ class LocalRuntime(Steps):
         self.network = open_network(self.layout, network, digest)
         if self.network is not None:
             self.capabilities = self.capabilities_for({"network": self.network.config})
+        # The way into a sandbox's port is the data plane's (token checked, agent port
+        # refused): no other account of the host connects to its address (net/accounts.py).
+        accounts.install(digest, self.guest_ranges(), os.geteuid())
+
+    def guest_ranges(self) -> builtins.list[ipaddress.IPv4Network]:
+        """Every range this root's sandboxes' guest sides take their host-reachable
+        addresses from: its network's, when configured (else they have none)."""
+        return [self.network.net] if self.network is not None else []
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:

@@ -13,7 +13,8 @@ gone for good: this does, for one root, in this order —
    its user's data: its processes end, and its disk image is moved to
    ``kept/<sandbox id>/disk.img`` (with ``sandbox.json`` saying what it was) before the rest
    of it is removed — never deleted;
-4. the network: the table, the rules, the routing tables, the claim;
+4. the network: the table, the rules, the routing tables, the claim, and the guard of the
+   sandboxes' addresses against the host's other accounts (net/accounts.py);
 5. the launcher daemon, the root's cgroup parents, the claim of its block of host ids, and
    whatever mount under the root or loop device backed by a file under it is still there
    (the volumes' host mounts among them).
@@ -41,7 +42,7 @@ from e2bfacade.runtime.base import RuntimeUnavailable, SandboxInfo, SandboxState
 from e2bfacade.runtime.local import lxcfs
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
 from e2bfacade.runtime.local.driver import LocalRuntime
-from e2bfacade.runtime.local.net import network, roots
+from e2bfacade.runtime.local.net import accounts, network, roots
 from e2bfacade.runtime.local.net.network import digest_of
 from e2bfacade.runtime.local.storage import disks, trees
 
@@ -111,6 +112,7 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
     if claim is not None:  # no networking configured any more: what the registry says
         network.uninstall(claim)
         roots.release(digest)
+    accounts.remove(digest)  # the guard of its sandboxes' addresses, networking or not
     _unmount_under(root)
     _detach_loops_under(root)
     report.left = leftovers(root, parents, registered)
@@ -288,4 +290,6 @@ def leftovers(root: Path, cgroup_parents: list[Path], claim: roots.RootClaim | N
     table = f"e2bfacade_{digest[:8]}"
     if network.table_exists(table) or (claim is not None and network.installed(claim)):
         left.append(f"network rules or the nftables table {table}")
+    if network.table_exists(accounts.table_of(digest)):
+        left.append(f"the nftables table {accounts.table_of(digest)}")
     return left
