@@ -30,16 +30,32 @@ class Resolved:
     build: TemplateBuild | None  # None: a template that was never built here
 
 
-def point(template: Template, build: TemplateBuild, tags: list[str]) -> None:
+def point(
+    template: Template, build: TemplateBuild, tags: list[str], *, by_request: bool = False
+) -> list[str]:
     """Point ``tags`` of ``template`` at ``build`` (in the caller's transaction); ``default``
-    also makes the build's image and shape the template's."""
+    also makes the build's image and shape the template's. Returns the tags it moved.
+
+    ``by_request`` (a build becoming ready): as E2B, whose tags are assigned when a build is
+    requested and resolve to the newest *requested* ready build, a tag already held by a
+    ready build requested after this one stays where it is."""
+    moved = []
     for tag in tags:
+        if by_request and (
+            TemplateTag.objects.filter(template=template, tag=tag)
+            .exclude(build=build)
+            .filter(build__created_at__gt=build.created_at)
+            .exists()
+        ):
+            continue
         TemplateTag.objects.update_or_create(template=template, tag=tag, defaults={"build": build})
         TagAssignment.objects.create(template=template, tag=tag, build=build)
-    if DEFAULT_TAG in tags:
+        moved.append(tag)
+    if DEFAULT_TAG in moved:
         Template.objects.filter(pk=template.pk).update(
             image_id=build.image_id, cpu_count=build.cpu_count, memory_mb=build.memory_mb
         )
+    return moved
 
 
 def resolve(team_id: int, ref: str, *, locked: bool = False) -> Resolved | None:

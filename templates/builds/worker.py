@@ -305,7 +305,7 @@ def _finish_ready(
         if not updated:
             return
         build.refresh_from_db()
-        tags.point(build.template, build, list(build.tags))
+        tags.point(build.template, build, list(build.tags), by_request=True)
     took = time.monotonic() - began
     append_log(build, f"Build finished, took {_duration(took)}")
 
