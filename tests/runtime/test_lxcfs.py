@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,31 @@ def test_concurrent_launches_start_one_lxcfs_and_a_stop_leaves_none() -> None:
         assert len(serving(root / "lxcfs")) == 1 and mounted(root / "lxcfs") == 1
         lxcfs.stop(root)
         assert mounted(root / "lxcfs") == 0
+    finally:
+        lxcfs.stop(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(shutil.which("lxcfs") is None, reason="lxcfs is not installed")
+def test_a_caller_that_finds_lxcfs_starting_waits_for_it_and_never_restarts_it() -> None:
+    """A starter that gave up waiting (a loaded host) leaves an lxcfs coming up; the next
+    caller must wait for that one, not end it: ending it unmounts what a third caller may
+    already have been handed, and that caller's launches fail on a missing file."""
+    root = Path(tempfile.mkdtemp(prefix="e2bx-", dir="/tmp"))
+    try:
+        assert lxcfs.ensure(root, timeout=0) is None  # started, not waited for
+        pid_file = root / "lxcfs.pid"
+        for _ in range(2000):  # bounded: lxcfs writes it as it starts (measured: < 5 ms)
+            if pid_file.is_file() and pid_file.read_text().strip():
+                break
+            time.sleep(0.001)
+        first = int(pid_file.read_text())
+        mount = lxcfs.ensure(root)
+        assert mount == root / "lxcfs"
+        assert serving(mount) == [first], "the starting lxcfs was ended and another started"
+        assert mounted(mount) == 1
+        # Every file a launch binds is there when ensure answers.
+        assert all((mount / name).is_file() for name in lxcfs.FILES)
     finally:
         lxcfs.stop(root)
         shutil.rmtree(root, ignore_errors=True)

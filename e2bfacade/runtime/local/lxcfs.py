@@ -39,17 +39,43 @@ class _StatFs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
 
 
-def _live(mount: Path) -> bool:
+def _mounted(mount: Path) -> bool:
+    """Whether a FUSE file system (an lxcfs, live or not) is mounted on ``mount``."""
     buf = _StatFs()
     if _libc.statfs(os.fsencode(mount), ctypes.byref(buf)) != 0:
         return False
-    if buf.f_type != FUSE_SUPER_MAGIC:
+    return bool(buf.f_type == FUSE_SUPER_MAGIC)
+
+
+def _live(mount: Path) -> bool:
+    """Whether ``mount`` serves every file a sandbox binds (launcher/c/rootfs.c binds each,
+    and fails its launch on one missing): a mount that answers one file may not yet, or no
+    longer, answer another."""
+    if not _mounted(mount):
         return False
     try:
         (mount / "proc" / "uptime").read_bytes()
+        return all((mount / name).is_file() for name in FILES)
     except OSError:
         return False
-    return True
+
+
+def _serving(root: Path) -> bool:
+    """Whether the lxcfs whose pid the root's pid file names still runs."""
+    try:
+        pid = int((root / "lxcfs.pid").read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return bool(argv) and argv[0].endswith(b"lxcfs")
+
+
+def _wait_live(mount: Path, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if _live(mount):
+            return True
+        time.sleep(0.05)
+    return _live(mount)
 
 
 def ensure(root: Path, timeout: float = 10.0) -> Path | None:
@@ -67,7 +93,12 @@ def ensure(root: Path, timeout: float = 10.0) -> Path | None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _live(mount):
             return mount  # started by whoever held the lock
-        _end(mount)  # a dead one's mount and process, if any
+        # One that runs but does not answer yet is starting (its starter gave up waiting,
+        # or the host is slow): wait for it. Ending it instead would unmount what another
+        # caller may have been handed a moment later, failing that caller's launches.
+        if _serving(root) and _wait_live(mount, time.monotonic() + timeout):
+            return mount
+        _end(mount)  # a dead (or hung) one's mount and process, if any
         mount.mkdir(mode=0o755, exist_ok=True)
         # -l: loadavg per cgroup; --enable-cfs: the CPUs its quota gives. In a session of
         # its own, so it outlives this process as sandboxd does.
@@ -87,11 +118,8 @@ def ensure(root: Path, timeout: float = 10.0) -> Path | None:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _live(mount):
-                return mount
-            time.sleep(0.05)
+        if _wait_live(mount, time.monotonic() + timeout):
+            return mount
     return None
 
 
