@@ -211,7 +211,8 @@ def test_a_layer_is_reused_only_for_the_same_archive_bytes_under_a_files_hash(
     with sandbox_of(server, server.api_key, name) as box:
         assert box.files.read("/home/user/app.py") == "v2\n"
 
-    # The same bytes again: the whole build is the cache's.
-    _, log = build(team_a, spec, archive=app_archive("v2\n"), name=name)
+    # The same bytes again (the SDK uploads an archive only when the server lacks it): the
+    # whole build is the cache's.
+    _, log = build(team_a, spec, name=name)
     assert "CACHED [builder 1/1] COPY app.py /home/user/app.py" in messages(log)
     assert "CACHED [finalize]" in messages(log)
