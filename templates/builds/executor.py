@@ -1,6 +1,7 @@
 """One build, run by a build worker holding its lease: the ``base`` phase (an image from a
 registry, or a template's), E2B's default-user phase, the steps, and ``finalize``, each
-keyed by E2B's hash chain in the team's layer cache. Steps run in a sandbox of the runtime's
+keyed by E2B's hash chain (and the digests of the archives copied so far) in the team's
+layer cache, its images named in the team's namespace. Steps run in a sandbox of the runtime's
 own (``b-…``: no ``sandboxes`` row; a user namespace, the build's CPU and memory, a disk
 quota, the runtime's NAT and blocked ranges), never on the host. The sandbox keeps running
 from step to step; its files are captured as a layer (a snapshot: files only) after a slow

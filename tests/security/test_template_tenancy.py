@@ -9,14 +9,20 @@ And deleting a template removes no image another template still starts from."""
 from __future__ import annotations
 
 import contextlib
+import io
+import tarfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from e2b import Sandbox
 
+from e2bfacade.runtime.local import LocalRuntime
+from templates.models import BuildStatus, TemplateBuild
+from templates.services import template_delete
 from tests.contract.template_support import (
     base_spec,
     copy_step,
@@ -30,9 +36,11 @@ from tests.contract.template_support import (
     unique,
     wait_build,
 )
+from tests.support.factories import TeamFactory, TemplateFactory
 from tests.support.live_database import query
 from tests.support.live_fixtures import started
 from tests.support.live_server import LiveServer
+from tests.support.runtime_support import django_runtime, session_sandbox_root
 
 # A RUN that leaves a secret of its own build in the image (what a team's build may well do:
 # a generated key, a token fetched at build time).
@@ -216,3 +224,40 @@ def test_a_layer_is_reused_only_for_the_same_archive_bytes_under_a_files_hash(
     _, log = build(team_a, spec, name=name)
     assert "CACHED [builder 1/1] COPY app.py /home/user/app.py" in messages(log)
     assert "CACHED [finalize]" in messages(log)
+
+
+@pytest.fixture(scope="module")
+def sandbox_root() -> Iterator[Path]:
+    yield from session_sandbox_root("e2bl-")
+
+
+@pytest.fixture
+def runtime(settings: Any, sandbox_root: Path, db: None) -> Iterator[LocalRuntime]:
+    yield from django_runtime(settings, sandbox_root)
+
+
+def imported_image(runtime: LocalRuntime) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("etc/empty"), io.BytesIO(b""))
+    buf.seek(0)
+    return runtime.import_image(f"img{uuid.uuid4().hex[:12]}", buf).image_id
+
+
+def test_a_templates_image_goes_with_it_at_once_only_while_no_build_of_its_team_runs(
+    runtime: LocalRuntime,
+) -> None:
+    """A running build may hold an image it has not recorded yet (a cached layer it just
+    took, or a template it starts from): while one of the team's builds runs, a deleted
+    template's image is left to the sweep; with none running it goes at once."""
+    team = TeamFactory.create()
+    builder = TemplateFactory.create(team=team, image_id="")
+    running = TemplateBuild.objects.create(template=builder, team=team, status=BuildStatus.BUILDING)
+    kept = imported_image(runtime)
+    template_delete(team=team, ref=TemplateFactory.create(team=team, image_id=kept).template_id)
+    assert kept in runtime.list_images()
+
+    TemplateBuild.objects.filter(pk=running.pk).update(status=BuildStatus.ERROR)
+    gone = imported_image(runtime)
+    template_delete(team=team, ref=TemplateFactory.create(team=team, image_id=gone).template_id)
+    assert gone not in runtime.list_images()
