@@ -14,7 +14,13 @@ from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageIn
 from e2bfacade.sandbox_runtime import get_runtime
 from templates import code_interpreter
 from templates.builds import files as build_files
-from templates.models import LayerCacheEntry, Template, TemplateBuild, new_template_id
+from templates.models import (
+    BuildStatus,
+    LayerCacheEntry,
+    Template,
+    TemplateBuild,
+    new_template_id,
+)
 
 logger = logging.getLogger(__name__)
 ORPHAN_IMAGE_GRACE_SECONDS = 3600
@@ -119,9 +125,10 @@ def template_resolve_owned(*, team: Team, ref: str) -> Template:
 
 
 def template_delete(*, team: Team, ref: str) -> None:
-    """Delete a template or snapshot and its runtime image. 204 once, then 404; 400 while a
-    sandbox still uses it. Concurrent deletes converge: the row lock admits one, the
-    runtime's delete is idempotent, and the other finds no row (404)."""
+    """Delete a template or snapshot, and its runtime image unless something else may still
+    use it (see :func:`_delete_image_unless_used`). 204 once, then 404; 400 while a sandbox
+    still uses it. Concurrent deletes converge: the row lock admits one, the runtime's delete
+    is idempotent, and the other finds no row (404)."""
     with transaction.atomic():
         # Lock first so no create can reserve a sandbox on it while we check and delete.
         template = template_resolve_owned(team=team, ref=ref)
@@ -135,10 +142,29 @@ def template_delete(*, team: Team, ref: str) -> None:
                 f"template '{ref}' is still used by {users} sandbox(es); kill them first"
             )
         template.delete()
-    _delete_image(template.image_id)
+    _delete_image_unless_used(team, template.image_id)
 
 
-def _delete_image(image_id: str) -> None:
+def _delete_image_unless_used(team: Team, image_id: str) -> None:
+    """Delete ``image_id`` now when no row of any team names it (a template, a build, a
+    cached layer) and none of the team's builds is running; otherwise leave it to
+    :func:`template_sweep_images`, which removes it once nothing names it.
+
+    Builds share images: two templates of one recipe end on one cached image, and a running
+    build may have just taken a cached layer (or this template as its base) that it has not
+    recorded yet. Only the team's own builds can reach its images (build images are named
+    in the team's namespace), so another team's builds need not be waited for."""
+    if not image_id:
+        return
+    named = (
+        Template.objects.filter(image_id=image_id).exists()
+        or TemplateBuild.objects.filter(image_id=image_id).exists()
+        or LayerCacheEntry.objects.filter(image_id=image_id).exists()
+    )
+    building = TemplateBuild.objects.filter(team=team, status=BuildStatus.BUILDING).exists()
+    if named or building:
+        logger.info("image %s left to the sweep: it may still be in use", image_id)
+        return
     try:
         get_runtime().delete_image(image_id)
     except ImageInUse as exc:

@@ -1,6 +1,7 @@
 """One build, run by a build worker holding its lease: the ``base`` phase (an image from a
 registry, or a template's), E2B's default-user phase, the steps, and ``finalize``, each
-keyed by E2B's hash chain in the team's layer cache. Steps run in a sandbox of the runtime's
+keyed by E2B's hash chain (and the digests of the archives copied so far) in the team's
+layer cache, its images named in the team's namespace. Steps run in a sandbox of the runtime's
 own (``b-…``: no ``sandboxes`` row; a user namespace, the build's CPU and memory, a disk
 quota, the runtime's NAT and blocked ranges), never on the host. The sandbox keeps running
 from step to step; its files are captured as a layer (a snapshot: files only) after a slow
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from e2bfacade.runtime.base import (
     Capability,
@@ -38,6 +39,9 @@ from e2bfacade.runtime.start import run_start_command
 from templates.builds import steps as S
 from templates.builds.steps import Context, StepFailed
 
+if TYPE_CHECKING:
+    from templates.builds.files import Pinned
+
 logger = logging.getLogger(__name__)
 # A step slower than this is worth a layer of its own in the cache.
 LAYER_AFTER_SECONDS = 2.0
@@ -49,6 +53,13 @@ MAX_DEPTH = 12
 SQUASH_DEPTH = 8
 READY_TIMEOUT = 600.0
 FINAL_DEFAULT_READY = "sleep 20"
+
+
+def image_namespace(team_id: int) -> str:
+    """The start of every image id a build of the team makes. E2B's hash chain is public
+    (anyone computes it from a recipe) and the runtime keeps an image whose id exists, so an
+    id made of the chain alone would let one team make, or be handed, another's image."""
+    return f"team{team_id}-"
 
 
 class Canceled(Exception):
@@ -81,6 +92,7 @@ class Reporter(Protocol):
 
 @dataclass(frozen=True)
 class Plan:
+    team_id: int
     template_id: str
     build_id: str
     sandbox_id: str
@@ -112,18 +124,27 @@ class Execution:
         base: Base,
         report: Reporter,
         *,
-        archive: Callable[[str], Path | None],
+        archive: Callable[[str], Pinned | None],
         internet: bool,
         step_timeout: float,
     ) -> None:
         self.runtime, self.plan, self.base, self.report = runtime, plan, base, report
         self.archive, self.internet, self.step_timeout = archive, internet, step_timeout
         self.guest: Guest | None = None
+        self.pinned: dict[str, Pinned | None] = {}  # files hash -> the archive this build uses
         self.sandbox_image = ""
         self.current = "base"  # the step running: where a failure is reported
 
     # ----------------------------------------------------------------------- the phases
     def run(self) -> Result:
+        try:
+            return self._phases()
+        finally:
+            for pinned in self.pinned.values():
+                if pinned is not None:
+                    pinned.close()
+
+    def _phases(self) -> Result:
         spec, report = self.plan.spec, self.report
         force = bool(spec["force"])
         h = S.chain(S.chain("", *S.HASH_VERSION), str(self.plan.disk_mb), self.base.key)
@@ -131,27 +152,31 @@ class Execution:
             f"{'' if force else 'CACHED '}[base] FROM {self.base.label} [{h[:12]}]", step="base"
         )
         layer = Layer(self.base.image_id, self.base.context)
-        todo: list[tuple[str, str, dict[str, Any]]] = []  # (hash, step label, step)
+        # (E2B's hash: the log's; the cache key: E2B's hash and the archives' digests, step
+        # label, step). ``archives``: the digests of the COPY archives so far, chained.
+        todo: list[tuple[str, str, str, dict[str, Any]]] = []
+        archives = ""
         if self.base.default_user_phase:
             h = S.chain(h, "DEFAULT USER", S.DEFAULT_USER)
-            todo.append((h, "base", {"type": "USER", "args": [S.DEFAULT_USER, "true"]}))
+            todo.append((h, h, "base", {"type": "USER", "args": [S.DEFAULT_USER, "true"]}))
         for n, step in enumerate(spec["steps"], 1):
             h = S.step_hash(h, step)
-            todo.append((h, str(n), step))
+            archives = self._bind_archive(archives, step)
+            todo.append((h, _cache_key(h, archives), str(n), step))
         # The longest cached prefix, up to the first forced step: the last step with a
         # layer. Keys chain, so a hit at step i means steps 1..i are those of a past build;
         # only slow steps and the last one keep a layer, so the steps before it need none.
         start = 0
         usable = next(
-            (i for i, (_, _, step) in enumerate(todo) if force or step.get("force")), len(todo)
+            (i for i, (*_, step) in enumerate(todo) if force or step.get("force")), len(todo)
         )
         for i in reversed(range(usable)):
-            hit = report.cached(todo[i][0])
+            hit = report.cached(todo[i][1])
             if hit is not None and depth(self.runtime, hit.image_id) <= MAX_DEPTH:
                 layer, start = hit, i + 1
                 break
         total = len(spec["steps"])
-        for i, (key, label, step) in enumerate(todo):
+        for i, (key, cache_key, label, step) in enumerate(todo):
             prefix = "[base]" if label == "base" else f"[builder {label}/{total}]"
             text = "DEFAULT USER user" if label == "base" else S.header(step)
             if i < start:
@@ -165,18 +190,35 @@ class Execution:
             layer = Layer(layer.image_id, ctx)
             last = i == len(todo) - 1
             if last or time.monotonic() - began > LAYER_AFTER_SECONDS:
-                layer = Layer(self._capture(f"tl-{key[:24]}"), ctx)
-                report.remember(key, layer)
-        return self._finalize(h, layer)
+                layer = Layer(self._capture(self._image_id("tl", cache_key)), ctx)
+                report.remember(cache_key, layer)
+        return self._finalize(h, archives, layer)
 
-    def _finalize(self, h: str, layer: Layer) -> Result:
+    def _image_id(self, kind: str, cache_key: str) -> str:
+        return f"{image_namespace(self.plan.team_id)}{kind}-{cache_key[:24]}"
+
+    def _bind_archive(self, archives: str, step: dict[str, Any]) -> str:
+        """``archives`` with the digest of this step's archive chained on (a COPY's): from here
+        on a cached layer stands for these very bytes, whatever files hash the client gave
+        them (the server cannot recompute it: see :func:`.files.pin`)."""
+        files_hash = step.get("filesHash")
+        if step["type"] not in ("COPY", "ADD") or not files_hash:
+            return archives
+        if files_hash not in self.pinned:
+            self.pinned[files_hash] = self.archive(files_hash)
+        pinned = self.pinned[files_hash]
+        # Missing: a key no layer has (the step fails "never uploaded" when it runs).
+        return S.chain(archives, "FILES", pinned.sha256 if pinned else "<missing>")
+
+    def _finalize(self, h: str, archives: str, layer: Layer) -> Result:
         spec, report, plan = self.plan.spec, self.report, self.plan
         start_cmd, ready_cmd = spec.get("startCmd"), spec.get("readyCmd")
         if start_cmd and not ready_cmd:
             ready_cmd = FINAL_DEFAULT_READY
         key = S.chain(h, "FINALIZE", start_cmd or "", ready_cmd or "")
+        cache_key = _cache_key(key, archives)
         self.current = "finalize"
-        hit = None if spec["force"] else report.cached(key)
+        hit = None if spec["force"] else report.cached(cache_key)
         report.alive()
         if hit is not None:
             report.log(f"CACHED [finalize] Finalizing template build [{key[:12]}]", step="finalize")
@@ -186,7 +228,7 @@ class Execution:
         self._run_root(
             layer, S.finalize_script(plan.template_id, plan.build_id), "finalize", "[finalize]"
         )
-        files = self._capture(f"tz-{key[:24]}")
+        files = self._capture(self._image_id("tz", cache_key))
         start = None
         if start_cmd:
             start = StartCommand(
@@ -200,7 +242,7 @@ class Execution:
             self._check_ready(start)
         elif ready_cmd:
             self._check_ready_only(ready_cmd, ctx)
-        image_id = f"tf-{key[:24]}"
+        image_id = self._image_id("tf", cache_key)
         info = self.runtime.build_image(
             ImageBuild(
                 image_id=image_id,
@@ -213,8 +255,8 @@ class Execution:
         )
         image_id = info.image_id
         if depth(self.runtime, image_id) > SQUASH_DEPTH:
-            image_id = self.runtime.squash_image(image_id, f"ts-{key[:24]}").image_id
-        report.remember(key, Layer(image_id, ctx))
+            image_id = self.runtime.squash_image(image_id, self._image_id("ts", cache_key)).image_id
+        report.remember(cache_key, Layer(image_id, ctx))
         return Result(image_id, ctx)
 
     # ------------------------------------------------------------------------ the steps
@@ -254,13 +296,13 @@ class Execution:
         files_hash = step.get("filesHash")
         if not files_hash:
             raise StepFailed("COPY requires files hash to be set")
-        source = self.archive(files_hash)
+        source = self.pinned.get(files_hash)
         if source is None:
             raise StepFailed(f"the files of COPY {' '.join(step['args'][:2])} were never uploaded")
         guest = self._guest(layer)
         archive = f"/tmp/.e2b-copy-{files_hash[:16]}.tar"
         try:
-            guest.write_file(archive, _chunks(source), user="root")
+            guest.write_file(archive, _chunks(source.file), user="root")
         except GuestFileError as exc:
             raise StepFailed(f"cannot put the files in the build sandbox: {exc}") from None
         self._run_root(layer, S.copy_script(archive, step, layer.context), label, prefix)
@@ -432,10 +474,16 @@ def _nothing(rootfs: Path) -> None:
     """The final image adds no files: only its environment and start command."""
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            yield chunk
+def _cache_key(key: str, archives: str) -> str:
+    """E2B's ``key`` for a step, bound to the archives copied up to it (``archives``): the
+    same key as E2B's while no COPY came before."""
+    return S.chain(key, "FILES", archives) if archives else key
+
+
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    file.seek(0)  # a second COPY of the same archive reads it again from its start
+    while chunk := file.read(1 << 20):
+        yield chunk
 
 
 def _lines(output: Iterator[tuple[Stream, bytes]]) -> Iterator[tuple[str, str]]:

@@ -1,7 +1,9 @@
 """COPY steps' archives: ``GET /templates/{id}/files/{hash}`` answers whether the team has
 the archive and a signed upload URL on this service; the ``PUT`` to it streams the body to
 a temporary file and renames it into place (two concurrent uploads of one hash are safe).
-Archives are kept per team by the SDK's files hash, so a team's templates share them."""
+Archives are kept per team by the SDK's files hash, so a team's templates share them. The
+files hash is the client's word only: a build keys its cache on the archive's own digest
+too (:func:`pin`)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -48,6 +51,38 @@ def check_hash(files_hash: str) -> str:
 
 def path_of(team_id: int, files_hash: str) -> Path:
     return Path(settings.TEMPLATE_FILES_DIR) / str(team_id) / f"{check_hash(files_hash)}.tar"
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One archive as a build uses it: opened once, with the sha256 of its bytes."""
+
+    file: BinaryIO
+    sha256: str
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def pin(team_id: int, files_hash: str) -> Pinned | None:
+    """The team's archive of ``files_hash``, opened and hashed; None when it has none.
+
+    The files hash cannot be checked against the archive: the JS SDK's hashes the size of
+    each directory on the sender's disk, which no archive records (docs/security.md), so the
+    server cannot recompute it. The build binds the digest returned here into its cache
+    keys instead, and copies from this open file: an upload that replaces the archive later
+    replaces the file's name, not these bytes, so what is copied is what was hashed."""
+    if not HASH.match(files_hash):
+        return None
+    try:
+        file = open(path_of(team_id, files_hash), "rb")  # noqa: SIM115 - the Pinned owns it
+    except FileNotFoundError:
+        return None
+    digest = hashlib.sha256()
+    while chunk := file.read(CHUNK):
+        digest.update(chunk)
+    file.seek(0)
+    return Pinned(file, digest.hexdigest())
 
 
 def present(team: Team, files_hash: str) -> bool:

@@ -18,7 +18,6 @@ import threading
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
@@ -28,7 +27,7 @@ from e2bfacade import crypto
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.builds import bases, files, tags, wakeup
-from templates.builds.executor import Base, Canceled, Execution, Layer, Plan
+from templates.builds.executor import Base, Canceled, Execution, Layer, Plan, image_namespace
 from templates.builds.services import append_log, finish_error
 from templates.builds.steps import Context, StepFailed
 from templates.models import BuildStatus, LayerCacheEntry, TemplateBuild
@@ -154,10 +153,15 @@ class Reporter:
             raise Canceled()
 
     def cached(self, layer_hash: str) -> Layer | None:
-        entry = LayerCacheEntry.objects.filter(
-            team_id=self.build.team_id, layer_hash=layer_hash
-        ).first()
+        team_id = self.build.team_id
+        entry = LayerCacheEntry.objects.filter(team_id=team_id, layer_hash=layer_hash).first()
         if entry is None:
+            return None
+        if not entry.image_id.startswith(image_namespace(team_id)):
+            # Not an image this team's builds made (a row from before images were the
+            # team's): never reused. Dropping the row lets the image sweep reclaim the
+            # image once nothing else names it.
+            entry.delete()
             return None
         try:
             get_runtime().image_info(entry.image_id)
@@ -221,6 +225,7 @@ def run(build: TemplateBuild, owner: str) -> None:
     runtime = get_runtime()
     spec = build.spec or {}
     plan = Plan(
+        team_id=build.team_id,
         template_id=build.template_id,
         build_id=str(build.build_id),
         sandbox_id=build.sandbox_id,
@@ -240,7 +245,7 @@ def run(build: TemplateBuild, owner: str) -> None:
             plan,
             base,
             report,
-            archive=lambda h: _archive(build.team_id, h),
+            archive=lambda h: files.pin(build.team_id, h),
             internet=settings.TEMPLATE_BUILD_INTERNET,
             step_timeout=float(settings.TEMPLATE_STEP_TIMEOUT_SECONDS),
         )
@@ -280,11 +285,6 @@ def _base(build: TemplateBuild, spec: dict[str, object]) -> Base:
     if build.registry_auth:
         auth = json.loads(crypto.decrypt(build.registry_auth))
     return bases.resolve(team_id=build.team_id, spec=spec, auth=auth)
-
-
-def _archive(team_id: int, files_hash: str) -> Path | None:
-    path = files.path_of(team_id, files_hash)
-    return path if path.is_file() else None
 
 
 def _finish_ready(
