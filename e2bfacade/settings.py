@@ -276,7 +276,7 @@ SANDBOX_DISK_OVERCOMMIT = _ratio("SANDBOX_DISK_OVERCOMMIT", 4.0)
 # then joins its cgroups and formats its disk itself: about 15 ms more on a quiet host).
 SANDBOX_SPARES = _int("SANDBOX_SPARES", 2, 0, 64, "between 0 and 64")
 # Per template with a start command (code-interpreter-v1), sandboxes kept started ahead so
-# a create takes one (the warm pool, runtime/local/warm.py); 0: every create starts its own.
+# a create takes one (the warm pool, runtime/local/pools/warm.py); 0: every create starts its own.
 SANDBOX_WARM_POOL = _int("SANDBOX_WARM_POOL", 1, 0, 64, "between 0 and 64")
 
 

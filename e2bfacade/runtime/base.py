@@ -479,7 +479,7 @@ class Runtime(Protocol):
     capabilities: frozenset[Capability]
     # The host this runtime holds sandboxes on (for the local driver, its root on this
     # machine): stable across restarts, distinct between hosts. The control plane records
-    # it on every sandbox and acts only on its own (sandboxes/hosts.py).
+    # it on every sandbox and acts only on its own (sandboxes/transitions.py, check_host).
     host_id: str
 
     @classmethod

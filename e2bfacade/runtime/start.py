@@ -16,7 +16,7 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.guest import Guest, run_process
 
 # Where a start command finds the sandbox's env vars when they change after it started (a
-# pool sandbox's claim, pools/warm.py): a JSON object; ``E2B_ENV_FILE`` names it.
+# pool sandbox's claim, local/pools/warm.py): a JSON object; ``E2B_ENV_FILE`` names it.
 GUEST_ENV_FILE = "/run/e2b/env.json"
 # How often a ready command is run until it succeeds (E2B: every 2 s; a create waits for
 # it, so more often here: one run of `[ -f x ]` costs a few milliseconds).

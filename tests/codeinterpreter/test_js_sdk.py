@@ -1,5 +1,5 @@
 """``@e2b/code-interpreter`` (JS, pinned in tests/contract/js/package.json) against the live
-server: the quickstart in js/codeinterpreter.mjs, with the printed exports only."""
+server: the quickstart in tests/contract/js/codeinterpreter.mjs, with the printed exports only."""
 
 from __future__ import annotations
 

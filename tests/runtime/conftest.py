@@ -58,7 +58,7 @@ def make_gvisor_runtime(prefix: str = "e2bg-", **options: Any) -> LocalRuntime:
 
 def destroy_runtime(rt: LocalRuntime) -> None:
     """Kill every sandbox of ``rt``, end its daemons, remove its groups and the guard of its
-    sandboxes' addresses (net/accounts.py), and delete its root."""
+    sandboxes' addresses (e2bfacade/runtime/local/net/accounts.py), and delete its root."""
     rt.discard_spares()
     sandboxes = rt.root / "sandboxes"
     ids = {p.name for p in sandboxes.iterdir() if not p.name.startswith(".")}

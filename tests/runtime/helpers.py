@@ -168,7 +168,7 @@ def any_daemon_pids(root: Path) -> list[int]:
 
 def init_and_agent(pids: list[int], init_pid: int) -> bool:
     """Whether ``pids`` (a sandbox's cgroup) are exactly its init and the init's guest agent
-    (launcher/c/agent_conn.c), as right after a create."""
+    (e2bfacade/runtime/local/launcher/c/agent_conn.c), as right after a create."""
     others = [p for p in pids if p != init_pid]
     if init_pid not in pids or len(others) != 1 or parent_pid(others[0]) != init_pid:
         return False

@@ -1,4 +1,4 @@
-"""One running gVisor sandbox's guest side: the local driver's (guest/handle.py) with three
+"""One running gVisor sandbox's guest side: the local driver's (local/guest/handle.py) with three
 differences of reach.
 
 - Processes and watchers: the same guest agent, inside gVisor, reached over the sandbox's
@@ -108,7 +108,7 @@ class GvisorGuest(LocalGuest):
     ) -> EntryInfo:
         where, existed = self._where(path, user)
         entry = super().write_file(path, chunks, user=user, metadata=metadata)
-        # What inotify reports for the same write on the local driver (guest/files.py: the
+        # What inotify reports for the same write on the local driver (local/guest/files.py: the
         # content, then its mode, then the content again over an existing file).
         first = FsChange.WRITE if existed else FsChange.CREATE
         self._tell(*((change, where, False) for change in (first, FsChange.CHMOD, FsChange.WRITE)))

@@ -4,7 +4,7 @@ at restore. The host reaches the guest agent and the guest's ports at the guest'
 gVisor's stack answers, never the host kernel's.
 
 With networking configured (``SANDBOX_UPLINK``), the link is the root's slot link
-(net/network.py: its addresses, interface name, nftables rules and NAT), as for a local
+(local/net/network.py: its addresses, interface name, nftables rules and NAT), as for a local
 sandbox. Without, a sandbox still needs a link for its agent: it gets one from
 ``100.64.0.0/10`` (shared address space, never routed here), indexed by its id range, which
 is unique host-wide, and the guard table below refuses every packet the guest starts.
