@@ -52,7 +52,7 @@ HELPER_DIR = "/run/e2b"
 # thread). Raw sockets of other families stay: netlink's are how shadow-utils asks for the
 # audit interface (socket(AF_NETLINK, SOCK_RAW, NETLINK_AUDIT)), which gVisor has not and
 # answers EPROTONOSUPPORT, the one answer on which useradd and usermod go on without audit
-# (an EPERM from this filter made them abort: "Cannot open audit interface").
+# (an EPERM from a filter makes them abort: "Cannot open audit interface").
 CLONE_NEWUSER = 0x10000000
 AF_INET, AF_INET6, AF_PACKET, SOCK_RAW, SOCK_TYPE_MASK = 2, 10, 17, 3, 0xF
 EPERM = 1
