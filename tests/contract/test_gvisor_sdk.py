@@ -1,5 +1,6 @@
 """The gvisor driver through the unmodified Python SDK, on a live server of its own
-(``SANDBOX_RUNTIME=gvisor``): a pause keeps a process's memory and ``connect`` resumes it,
+(``SANDBOX_RUNTIME=gvisor``): a template builds (its account changes included) and its
+sandbox runs; a pause keeps a process's memory and ``connect`` resumes it,
 across a power cut of the whole service; ``create_snapshot()`` and ``fork()`` start copies
 that continue the source's processes; and the same requests on the local driver get a 400,
 not a silent files-only answer. Skipped where runsc is not installed."""
@@ -11,9 +12,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from e2b import Sandbox, SandboxException
+from e2b import Sandbox, SandboxException, Template
 
 from e2bfacade.runtime.gvisor.driver import installed
+from tests.contract.template_support import unique
 from tests.support.live_checks import sandbox_detail
 from tests.support.live_fixtures import started
 from tests.support.live_server import LiveServer
@@ -162,3 +164,28 @@ def test_a_memory_pause_survives_a_power_cut_of_the_whole_service(sdk: LiveServe
     again = read_state(resumed)
     assert again[0] == token and again[1] > n
     resumed.kill()
+
+
+def test_a_template_builds_on_gvisor_and_its_sandbox_runs_it(sdk: LiveServer) -> None:
+    name = unique("gv-tpl")
+    logs: list[str] = []
+    template = (
+        Template()
+        .from_template("base")
+        .run_cmd("echo built-as-$(id -un) > /home/user/built.txt", user="user")
+        .run_cmd("useradd -m -s /bin/bash builder && id -un builder", user="root")
+        .set_envs({"GVISOR_BUILT": "yes"})
+    )
+    Template.build(
+        template, f"{name}:v1", cpu_count=1, memory_mb=512,
+        on_build_logs=lambda e: logs.append(e.message),
+    )  # fmt: skip
+    assert any("[finalize]" in line for line in logs), logs
+    sandbox = Sandbox.create(f"{name}:v1", timeout=120)
+    try:
+        out = sandbox.commands.run(
+            "cat /home/user/built.txt; echo $GVISOR_BUILT; id -un; id -un builder"
+        )
+        assert out.stdout == "built-as-user\nyes\nuser\nbuilder\n", out
+    finally:
+        sandbox.kill()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,11 @@ import pytest
 from e2bfacade.runtime.base import ProcessSpec, SandboxSpec
 from e2bfacade.runtime.gvisor.driver import GvisorRuntime
 from e2bfacade.runtime.gvisor.link import AGENT_PORT
+from e2bfacade.runtime.local.net.rules import NetworkConfig
+from tests.network.conftest import unique_port
+from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime
 from tests.runtime.helpers import ok, run, sh
+from tests.support.internet import TestInternet
 
 # Runs in the guest: connects to every (host, port) of argv[1] (JSON) at once, each bounded
 # to 1.5 s, and prints what each got ("connected" is the attack succeeding).
@@ -280,3 +285,212 @@ def test_guest_user_cannot_sniff_what_root_runs_through_the_agent(
     finally:
         sniffer.send_signal(9)
         sniffer.close()
+
+
+# Runs in the guest: every way to the agent a guest has, tried (TCP to its port from each
+# source address it can take, to each of its addresses, IPv4 and IPv6, and every unix socket
+# on its file system), each with a start frame asking for ``id`` as uid 0; prints what each
+# answered. An answer holding "uid=0" is the attack succeeding.
+REACH_AGENT = r"""
+import json, os, socket, stat, struct, sys
+port, own = int(sys.argv[1]), sys.argv[2]
+items = b"".join(i + b"\0" for i in (b"uid=0", b"gid=0", b"cwd=/", b"arg=/usr/bin/id"))
+start = struct.pack(">I", len(items) + 1) + b"S" + items
+
+def exchange(sock, address):
+    sock.settimeout(1.5)
+    try:
+        sock.connect(address)
+        sock.sendall(start)
+        got = b""
+        while b"uid=" not in got:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return got.decode(errors="replace") or "nothing"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        sock.close()
+
+def tcp(family, source, target):
+    sock = socket.socket(family)
+    if source is not None:
+        try:
+            sock.bind((source, 0))
+        except OSError as e:
+            return "bind " + type(e).__name__
+    return exchange(sock, (target, port))
+
+def sockets():
+    for top, dirs, files in os.walk("/"):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/usr")]
+        for name in files:
+            path = os.path.join(top, name)
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    yield path
+            except OSError:
+                pass
+
+out = {}
+for source in (None, "127.0.0.1", own):
+    for target in ("127.0.0.1", own):
+        out[f"{source}->{target}"] = tcp(socket.AF_INET, source, target)
+out["::1->::1"] = tcp(socket.AF_INET6, "::1", "::1")
+out["::->::1"] = tcp(socket.AF_INET6, None, "::1")
+for path in sockets():
+    out[path] = exchange(socket.socket(socket.AF_UNIX), path)
+print(json.dumps(out))
+"""
+
+
+def test_guest_user_reaches_the_agent_from_no_address_of_the_guest(
+    rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
+) -> None:
+    sid = new_gvisor_sandbox()
+    own = rt.link_of(sid).guest_ip
+    argv = ["python3", "-c", REACH_AGENT, str(AGENT_PORT), own]
+    result = run(rt, sid, argv, user="user", timeout=60)
+    assert result.exit_code == 0, result
+    got: dict[str, str] = json.loads(result.stdout)
+    assert len(got) >= 6, got  # every TCP way was tried
+    assert not [way for way, answer in got.items() if "uid=" in answer], got
+    assert ok(rt, sid, "id -u") == "0\n"  # the host's way still serves
+
+
+# Runs in the guest: takes the agent's port on every address (SO_REUSEADDR|SO_REUSEPORT,
+# as any user may) and every unix socket it can replace, says "ready", then for 4 s accepts
+# and reads whatever comes; prints what it took and what it read.
+STEAL_AGENT = r"""
+import json, os, select, socket, stat, sys, time
+port, own = int(sys.argv[1]), sys.argv[2]
+listeners, taken = [], []
+for family, host in ((socket.AF_INET, own), (socket.AF_INET, "0.0.0.0"),
+                     (socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::")):
+    s = socket.socket(family)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        s.bind((host, port)); s.listen(8); listeners.append(s); taken.append(host)
+    except OSError:
+        s.close()
+for top, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if os.path.join(top, d) not in ("/proc", "/sys", "/usr")]
+    for name in files:
+        path = os.path.join(top, name)
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.bind(path); s.listen(8); listeners.append(s); taken.append(path)
+        except OSError:
+            s.close()
+print("ready " + json.dumps(taken), flush=True)
+read, end = b"", time.time() + 4
+while time.time() < end:
+    for s in select.select(listeners, [], [], 0.1)[0]:
+        conn, _ = s.accept()
+        conn.settimeout(0.5)
+        try:
+            read += conn.recv(65536)
+        except OSError:
+            pass
+        conn.close()
+print("read " + json.dumps(read.decode(errors="replace")), flush=True)
+"""
+
+
+def test_guest_user_cannot_take_the_agents_port_nor_the_hosts_commands(
+    rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
+) -> None:
+    sid = new_gvisor_sandbox()
+    own = rt.link_of(sid).guest_ip
+    argv = ("python3", "-c", STEAL_AGENT, str(AGENT_PORT), own)
+    thief = rt.guest(sid).start_process(ProcessSpec(argv, user="user", timeout=30))
+    try:
+        output = iter(thief.output())
+        ready = next(output)[1]
+        assert ready.startswith(b"ready "), ready
+        try:  # the host's next exchange: a root command carrying a secret
+            answer: str | BaseException = ok(rt, sid, "echo ROOTS-OWN-$((6*7)) && id -u")
+        except Exception as exc:  # noqa: BLE001 - a stolen exchange fails; asserted below
+            answer = exc
+        read = b"".join(data for _, data in output)
+        assert b"ROOTS-OWN" not in read, (ready, read)
+        assert answer == "ROOTS-OWN-42\n0\n", (ready, answer)
+    finally:
+        thief.send_signal(9)
+        thief.close()
+
+
+# A range outside every private one: only ever a range of local namespaces here (the test
+# internet is the uplink), never routed anywhere.
+PUBLIC_LOOKING_CIDR = "198.19.0.0/18"
+
+# Run on the host as ``nobody``: the agent's exchange, a start frame asking for ``id`` as
+# uid 0, to argv[1]:argv[2]; prints the answer ("uid=0" is the attack succeeding).
+HOST_START_ROOT = r"""
+import socket, struct, sys
+items = b"".join(i + b"\0" for i in (b"uid=0", b"gid=0", b"cwd=/", b"arg=/usr/bin/id"))
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+    s.settimeout(2)
+    s.sendall(struct.pack(">I", len(items) + 1) + b"S" + items)
+    got = b""
+    while b"uid=" not in got:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    print(got.decode(errors="replace") or "nothing")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def gvisor_on_a_public_looking_range() -> Iterator[GvisorRuntime]:
+    with TestInternet() as internet:
+        config = NetworkConfig(
+            uplink=internet.uplink,
+            gateway=internet.gateway,
+            cidr=PUBLIC_LOOKING_CIDR,
+            dns_servers=("8.8.8.8",),
+            proxy_port=unique_port(),
+        )
+        rt = make_gvisor_runtime(network=config)
+        assert isinstance(rt, GvisorRuntime)
+        try:
+            rt.ensure_base_image()
+            yield rt
+        finally:
+            destroy_runtime(rt)
+            assert rt.network is not None
+            rt.network.teardown()
+
+
+def test_a_host_account_cannot_run_commands_in_a_sandbox_of_a_range_outside_the_private_ones(
+    gvisor_on_a_public_looking_range: GvisorRuntime,
+) -> None:
+    rt = gvisor_on_a_public_looking_range
+    sid = f"v{uuid.uuid4().hex[:12]}"
+    rt.create(SandboxSpec(sid, "base"))
+    try:
+        guest_ip = rt.link_of(sid).guest_ip
+        assert guest_ip.startswith("198.19."), guest_ip
+        done = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", HOST_START_ROOT,
+             guest_ip, str(AGENT_PORT)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "uid=" not in done.stdout, done.stdout
+        assert ok(rt, sid, "id -u") == "0\n"  # the host's own way still serves
+    finally:
+        rt.kill(sid)

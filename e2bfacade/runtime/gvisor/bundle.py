@@ -46,26 +46,36 @@ HELPER_DIR = "/run/e2b"
 # any guest user may make a user namespace and, with that namespace's CAP_NET_RAW, open
 # packet or raw sockets on the sandbox's link, and read the host's traffic to the agent
 # (the commands root runs). So: no user namespace through clone or unshare (as Docker's
-# default profile), and no packet or raw socket for anyone (clone3, whose flags a filter
-# cannot read, stays allowed: this runsc answers a filtered call with EPERM, never ENOSYS,
-# and libc falls back to clone only on ENOSYS, so refusing it would refuse every thread).
+# default profile), and no packet socket nor raw IP socket for anyone (clone3, whose flags a
+# filter cannot read, stays allowed: this runsc answers a filtered call with EPERM, never
+# ENOSYS, and libc falls back to clone only on ENOSYS, so refusing it would refuse every
+# thread). Raw sockets of other families stay: netlink's are how shadow-utils asks for the
+# audit interface (socket(AF_NETLINK, SOCK_RAW, NETLINK_AUDIT)), which gVisor has not and
+# answers EPROTONOSUPPORT, the one answer on which useradd and usermod go on without audit
+# (an EPERM from a filter makes them abort: "Cannot open audit interface").
 CLONE_NEWUSER = 0x10000000
-AF_PACKET, SOCK_RAW, SOCK_TYPE_MASK = 17, 3, 0xF
+AF_INET, AF_INET6, AF_PACKET, SOCK_RAW, SOCK_TYPE_MASK = 2, 10, 17, 3, 0xF
+EPERM = 1
 
 
-def _refuse(name: str, index: int, value: int, mask: int) -> dict[str, Any]:
-    rule = {"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
-    return {"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "args": [rule]}
+def _arg(index: int, value: int, mask: int = 0xFFFFFFFF) -> dict[str, Any]:
+    return {"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def _refuse(name: str, *args: dict[str, Any]) -> dict[str, Any]:
+    """A rule refusing ``name`` (EPERM) when every one of ``args`` holds."""
+    return {"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM, "args": list(args)}
 
 
 SECCOMP = {
     "defaultAction": "SCMP_ACT_ALLOW",
     "architectures": ["SCMP_ARCH_X86_64"],
     "syscalls": [
-        _refuse("clone", 0, CLONE_NEWUSER, CLONE_NEWUSER),
-        _refuse("unshare", 0, CLONE_NEWUSER, CLONE_NEWUSER),
-        _refuse("socket", 0, AF_PACKET, 0xFFFFFFFF),
-        _refuse("socket", 1, SOCK_RAW, SOCK_TYPE_MASK),
+        _refuse("clone", _arg(0, CLONE_NEWUSER, CLONE_NEWUSER)),
+        _refuse("unshare", _arg(0, CLONE_NEWUSER, CLONE_NEWUSER)),
+        _refuse("socket", _arg(0, AF_PACKET)),
+        _refuse("socket", _arg(0, AF_INET), _arg(1, SOCK_RAW, SOCK_TYPE_MASK)),
+        _refuse("socket", _arg(0, AF_INET6), _arg(1, SOCK_RAW, SOCK_TYPE_MASK)),
     ],
 }
 

@@ -86,7 +86,8 @@ class GvisorRuntime(LocalRuntime):
         super().__init__(root, *args, spares=0, warm=0, **options)
         self.disk_pool.target = spares
         self._digest = digest_of(root)[:8]
-        link.ensure_guard()
+        cidr = self.network.config.cidr if self.network is not None else None
+        link.ensure_guard(ipaddress.IPv4Network(cidr) if cidr else None)
 
     # ------------------------------------------------------------------------- pieces
     @property

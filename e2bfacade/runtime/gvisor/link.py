@@ -13,6 +13,11 @@ Guard table (``inet e2bfacade_gvisor``, one per host, idempotent): only the host
 connect to a sandbox's agent port (no other host account may run commands in a sandbox),
 and, for links of no network (interfaces ``gvn*``), nothing from the guest reaches the host
 or is forwarded anywhere but replies to the host's own connections.
+
+The agent port's rule holds for the addresses of the set ``guarded``: the isolated range and
+the sandbox network of every root that started on this host (each start adds its own, and
+never removes another's: several roots, each of its own range, share the table), whatever
+the range is (a configured range outside the private ones is guarded as any other).
 """
 
 from __future__ import annotations
@@ -31,25 +36,24 @@ NETNS_DIR = Path("/run/netns")
 ISOLATED_NET = ipaddress.IPv4Network("100.64.0.0/10")
 ISOLATED_PREFIX = "gvn"
 GUARD_TABLE = "e2bfacade_gvisor"
-# Every range a sandbox's guest address may come from (this module's, or a configured one).
-PRIVATE = "100.64.0.0/10, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16"
-GUARD = f"""
-table inet {GUARD_TABLE} {{
-    chain output {{
-        type filter hook output priority 0; policy accept;
-        tcp dport {AGENT_PORT} meta skuid != 0 ip daddr {{ {PRIVATE} }} reject with tcp reset
-    }}
-    chain input {{
-        type filter hook input priority 0; policy accept;
-        iifname "{ISOLATED_PREFIX}*" ct state established,related accept
-        iifname "{ISOLATED_PREFIX}*" drop
-    }}
-    chain forward {{
-        type filter hook forward priority 0; policy accept;
-        iifname "{ISOLATED_PREFIX}*" drop
-        oifname "{ISOLATED_PREFIX}*" drop
-    }}
-}}
+GUARDED_SET = "guarded"
+# The chains are replaced (flushed and written again) at each start, in one transaction;
+# the set of guarded ranges only grows (every root's range, see the module's header).
+CHAINS = f"""
+add table inet {GUARD_TABLE}
+add set inet {GUARD_TABLE} {GUARDED_SET} {{ type ipv4_addr; flags interval; auto-merge; }}
+add chain inet {GUARD_TABLE} output {{ type filter hook output priority 0; policy accept; }}
+add chain inet {GUARD_TABLE} input {{ type filter hook input priority 0; policy accept; }}
+add chain inet {GUARD_TABLE} forward {{ type filter hook forward priority 0; policy accept; }}
+flush chain inet {GUARD_TABLE} output
+flush chain inet {GUARD_TABLE} input
+flush chain inet {GUARD_TABLE} forward
+add rule inet {GUARD_TABLE} output tcp dport {AGENT_PORT} meta skuid != 0 \
+    ip daddr @{GUARDED_SET} reject with tcp reset
+add rule inet {GUARD_TABLE} input iifname "{ISOLATED_PREFIX}*" ct state established,related accept
+add rule inet {GUARD_TABLE} input iifname "{ISOLATED_PREFIX}*" drop
+add rule inet {GUARD_TABLE} forward iifname "{ISOLATED_PREFIX}*" drop
+add rule inet {GUARD_TABLE} forward oifname "{ISOLATED_PREFIX}*" drop
 """
 
 
@@ -59,10 +63,12 @@ def _ip(*args: str) -> None:
         raise CreateRefused(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
-def ensure_guard() -> None:
-    """Install the guard table (once per host; replacing it is atomic and keeps nothing
-    else)."""
-    script = f"table inet {GUARD_TABLE}\ndelete table inet {GUARD_TABLE}\n{GUARD}"
+def ensure_guard(network: ipaddress.IPv4Network | None) -> None:
+    """Install the guard table, its agent rule guarding the isolated range and ``network``
+    (the root's sandbox network, if it has one) besides what it already guards. Safe to
+    repeat, and atomic: a packet meets the old rules or the new ones, never none."""
+    ranges = ", ".join(str(n) for n in (ISOLATED_NET, network) if n is not None)
+    script = CHAINS + f"add element inet {GUARD_TABLE} {GUARDED_SET} {{ {ranges} }}\n"
     done = subprocess.run(
         ["nft", "-f", "-"], input=script, capture_output=True, text=True, timeout=10, check=False
     )

@@ -276,14 +276,14 @@ int agent_listen(const char *path) {
 }
 
 /* For a sandbox whose host reaches it over its link instead of a unix socket (the gVisor
- * driver): every address of the guest, PORT. The host allows only its root to connect
- * (nftables), and other sandboxes cannot reach it at all. */
+ * driver): every address of the guest, PORT, bound exclusively (no SO_REUSEADDR): no other
+ * socket of the guest, whatever its options, may bind PORT on any address, so no guest user
+ * can take the host's connections. (gVisor lets any user bind a port below 1024: a
+ * privileged port would add nothing.) Only the host is served: see tcp_conn. */
 int agent_listen_tcp(int port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (fd < 0) return -1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 128) != 0) {
         close(fd);
         return -1;
@@ -291,18 +291,40 @@ int agent_listen_tcp(int port) {
     return fd;
 }
 
+/* The guest's default gateway (network byte order), from the kernel's routes; 0 for none.
+ * It is the host's side of the sandbox's link: an address no guest process can take (it
+ * is not the guest's own) nor move (routes need CAP_NET_ADMIN, which no guest process
+ * has). Read at each connection, not at start: a restored copy of a sandbox (a fork) runs
+ * on another link. */
+static uint32_t default_gateway(void) {
+    FILE *f = fopen("/proc/net/route", "re");
+    char line[256], iface[64];
+    unsigned dest, gateway, flags;
+    uint32_t found = 0;
+    if (!f) return 0;
+    while (!found && fgets(line, sizeof line, f))
+        if (sscanf(line, "%63s %x %x %x", iface, &dest, &gateway, &flags) == 4 && dest == 0 &&
+            (flags & 0x2) /* RTF_GATEWAY */)
+            found = gateway; /* /proc shows it in network byte order, as hex */
+    fclose(f);
+    return found;
+}
+
 /* Whether FD is a TCP connection (the gVisor driver's link), with Nagle off for it; -1 for
- * one made from inside the guest (from its loopback or its own address), which is refused:
- * the agent runs commands as any user, so a guest user reaching it would be guest root.
- * Only the host, from its side of the link, is served. */
+ * one from anywhere but the host, which is refused: the agent runs commands as any user, so
+ * a guest user reaching it would be guest root. The host connects from its side of the
+ * link, the guest's default gateway; a guest process has only its own addresses to connect
+ * from (binding the gateway's fails even with IP_FREEBIND or IP_TRANSPARENT: measured). */
 static int tcp_conn(int fd) {
     struct sockaddr_in local, peer;
     socklen_t len = sizeof local, plen = sizeof peer;
     if (getsockname(fd, (struct sockaddr *)&local, &len) != 0 || local.sin_family != AF_INET)
         return 0;
+    uint32_t gateway = default_gateway();
     if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 || peer.sin_family != AF_INET ||
+        gateway == 0 || peer.sin_addr.s_addr != gateway ||
         peer.sin_addr.s_addr == local.sin_addr.s_addr ||
-        (ntohl(peer.sin_addr.s_addr) >> 24) == 127)
+        (ntohl(local.sin_addr.s_addr) >> 24) == 127)
         return -1;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
