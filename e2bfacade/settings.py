@@ -447,12 +447,18 @@ TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
 # Builds of one team in waiting or building at once (E2B answers 429 past its limit).
 TEMPLATE_BUILDS_PER_TEAM = _int("TEMPLATE_BUILDS_PER_TEAM", 4, 1, 64, "between 1 and 64")
-# Builds one build worker runs at once (each in a sandbox of its own).
-TEMPLATE_BUILD_CONCURRENCY = _int("TEMPLATE_BUILD_CONCURRENCY", 1, 0, 16, "between 0 and 16")
+# Builds one build worker runs at once (each in a sandbox of its own). Two, so that with one
+# build per team running (below) one team never holds every worker of a host.
+TEMPLATE_BUILD_CONCURRENCY = _int("TEMPLATE_BUILD_CONCURRENCY", 2, 0, 16, "between 0 and 16")
+# Builds of one team running at once, on all hosts together (its others wait their turn).
+TEMPLATE_BUILDS_RUNNING_PER_TEAM = _int(
+    "TEMPLATE_BUILDS_RUNNING_PER_TEAM", 1, 1, 64, "between 1 and 64"
+)
 # A build worker's hold on a build; renewed while it runs, taken over once it runs out.
 TEMPLATE_BUILD_LEASE_SECONDS = _positive_int("TEMPLATE_BUILD_LEASE_SECONDS", 30)
-# A whole build's limit, and one RUN step's (E2B: 1 h per command).
-TEMPLATE_BUILD_TIMEOUT_SECONDS = _positive_int("TEMPLATE_BUILD_TIMEOUT_SECONDS", 2 * 3600)
+# A whole build's limit, from its first claim (queueing is not counted), and one RUN
+# step's (E2B: 1 h per command).
+TEMPLATE_BUILD_TIMEOUT_SECONDS = _positive_int("TEMPLATE_BUILD_TIMEOUT_SECONDS", 3600)
 TEMPLATE_STEP_TIMEOUT_SECONDS = _positive_int("TEMPLATE_STEP_TIMEOUT_SECONDS", 3600)
 # How many log entries a build keeps (the rest are counted in one last entry).
 TEMPLATE_BUILD_LOG_ENTRIES = _positive_int("TEMPLATE_BUILD_LOG_ENTRIES", 10000)

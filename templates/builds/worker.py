@@ -17,14 +17,16 @@ import socket
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from e2bfacade import crypto
+from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.builds import bases, files, tags, wakeup
@@ -179,15 +181,72 @@ class Reporter:
         )
 
 
-def claim(owner: str) -> TemplateBuild | None:
-    """The oldest ``building`` build nobody holds (never claimed, or its lease ran out)."""
+def claim(owner: str, *, host: str) -> TemplateBuild | None:
+    """The next build for a build worker of ``host``, under a lease for ``owner``: among the
+    ``building`` builds triggered on ``host`` that nobody holds (never claimed, or their
+    lease ran out), the oldest of the team served least — fewest builds running, then
+    longest since one of its builds started running — so one team's queue never delays
+    another team's build by more than a build of its own. A team already running
+    TEMPLATE_BUILDS_RUNNING_PER_TEAM builds gets none. Another host's builds are never
+    claimed: their COPY archives are on that host."""
     now = timezone.now()
+    waiting = list(
+        TemplateBuild.objects.filter(status=BuildStatus.BUILDING, host__in=(host, ""))
+        .exclude(lease_until__gt=now)
+        .order_by("started_at")
+        .values_list("pk", "team_id")
+    )
+    if not waiting:
+        return None
+    oldest: dict[int, uuid.UUID] = {}  # each team's oldest waiting build, in queue order
+    for pk, team_id in waiting:
+        oldest.setdefault(team_id, pk)
+    running = _running_per_team(set(oldest), now)
+    served = dict(
+        TemplateBuild.objects.filter(team_id__in=set(oldest), running_since__isnull=False)
+        .values("team_id")
+        .annotate(last=Max("running_since"))
+        .values_list("team_id", "last")
+    )
+    cap = settings.TEMPLATE_BUILDS_RUNNING_PER_TEAM
+    turn = sorted(
+        (t for t in oldest if running.get(t, 0) < cap),
+        # A team never served sorts first; sorted() is stable, so ties keep queue order.
+        key=lambda t: (running.get(t, 0), served.get(t) is not None, served.get(t) or now),
+    )
+    for team_id in turn:
+        build = _claim_one(oldest[team_id], team_id, owner, now, cap)
+        if build is not None:
+            return build
+    return None
+
+
+def _running_per_team(teams: set[int], now: datetime) -> dict[int, int]:
+    """How many builds each of ``teams`` has running (held under a live lease), anywhere."""
+    return dict(
+        TemplateBuild.objects.filter(
+            team_id__in=teams, status=BuildStatus.BUILDING, lease_until__gt=now
+        )
+        .values("team_id")
+        .annotate(n=Count("pk"))
+        .values_list("team_id", "n")
+    )
+
+
+def _claim_one(
+    pk: uuid.UUID, team_id: int, owner: str, now: datetime, cap: int
+) -> TemplateBuild | None:
+    """Take build ``pk`` unless another worker took it, or its team reached ``cap``, first."""
     with transaction.atomic():
+        # The team's row lock serialises the team's claims (on every host): two workers
+        # must not both find the team under its cap and both take one of its builds.
+        list(Team.objects.select_for_update().filter(pk=team_id).values_list("pk"))
+        if _running_per_team({team_id}, now).get(team_id, 0) >= cap:
+            return None
         build = (
             TemplateBuild.objects.select_for_update(skip_locked=True)
-            .filter(status=BuildStatus.BUILDING)
+            .filter(pk=pk, status=BuildStatus.BUILDING)
             .exclude(lease_until__gt=now)
-            .order_by("started_at")
             .first()
         )
         if build is None:
@@ -195,7 +254,9 @@ def claim(owner: str) -> TemplateBuild | None:
         build.lease_owner = owner
         build.lease_until = now + timedelta(seconds=settings.TEMPLATE_BUILD_LEASE_SECONDS)
         build.attempts += 1
-        build.save(update_fields=["lease_owner", "lease_until", "attempts"])
+        # A re-drive keeps its first claim: the build's time limit counts from there.
+        build.running_since = build.running_since or now
+        build.save(update_fields=["lease_owner", "lease_until", "attempts", "running_since"])
     return build
 
 
@@ -327,7 +388,7 @@ def loop(stop: threading.Event) -> None:
         while not stop.is_set():
             close_old_connections()
             try:
-                build = claim(owner)
+                build = claim(owner, host=get_runtime().host_id)
             except Exception:
                 logger.exception("claiming a build failed; trying again")
                 build = None
