@@ -52,11 +52,14 @@ def build_sandbox_ids() -> set[str]:
 
 
 class Lease:
-    """This worker's hold on one build, renewed by a thread while the build runs."""
+    """This worker's hold on one build, renewed by a thread while the build runs, until
+    ``deadline`` (``time.monotonic()``; None: none): past it the keeper ends the build's
+    sandbox and sets ``expired`` (and ``lost``, so the executor stops between steps)."""
 
-    def __init__(self, build: TemplateBuild, owner: str) -> None:
-        self.build, self.owner = build, owner
+    def __init__(self, build: TemplateBuild, owner: str, deadline: float | None = None) -> None:
+        self.build, self.owner, self.deadline = build, owner, deadline
         self.lost = threading.Event()
+        self.expired = threading.Event()
         self.done = threading.Event()
         self.on_lost: list[object] = []
 
@@ -85,6 +88,12 @@ class Lease:
             renewed = time.monotonic()
             try:
                 while not self.done.wait(LOG_SECONDS):
+                    if self.deadline is not None and time.monotonic() >= self.deadline:
+                        # The build's time is up: whatever step runs ends with its sandbox.
+                        self.expired.set()
+                        self.lost.set()
+                        kill()  # type: ignore[operator]
+                        return
                     try:
                         flush()  # type: ignore[operator]
                         if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
@@ -272,7 +281,14 @@ def run(build: TemplateBuild, owner: str) -> None:
             owner=owner,
         )
         return
-    lease = Lease(build, owner)
+    limit = settings.TEMPLATE_BUILD_TIMEOUT_SECONDS
+    # From the build's first claim: a re-drive does not get its time again.
+    left = limit - (timezone.now() - (build.running_since or timezone.now())).total_seconds()
+    if left <= 0:
+        get_runtime().kill(build.sandbox_id)
+        finish_error(build, _timed_out(limit), step=None, owner=owner)
+        return
+    lease = Lease(build, owner, deadline=time.monotonic() + left)
     report = Reporter(build, lease)
     began = time.monotonic()
     if build.attempts > 1:
@@ -309,24 +325,48 @@ def run(build: TemplateBuild, owner: str) -> None:
         report.flush()
         _finish_ready(build, owner, result.image_id, result.context, began)
     except Canceled:
-        logger.info("build %s is no longer this worker's", build.pk)
+        if lease.expired.is_set():
+            _finish_timed_out(build, owner, report, execution, limit)
+        else:
+            logger.info("build %s is no longer this worker's", build.pk)
     except (StepFailed, bases.BaseUnavailable) as exc:
         where = step or (execution.current if execution else "")
         report.flush()
-        if lease.lost.is_set():
+        if lease.expired.is_set():
+            # Its step failed because the keeper ended the sandbox: say why.
+            _finish_timed_out(build, owner, report, execution, limit)
+        elif lease.lost.is_set():
             logger.info("build %s was canceled mid-step", build.pk)
         else:
             finish_error(build, exc.message, step=where or None, owner=owner)
     except Exception as exc:
-        logger.exception("build %s failed", build.pk)
         report.flush()
-        finish_error(build, f"internal error: {exc}", step=None, owner=owner)
+        if lease.expired.is_set():
+            _finish_timed_out(build, owner, report, execution, limit)
+        else:
+            logger.exception("build %s failed", build.pk)
+            finish_error(build, f"internal error: {exc}", step=None, owner=owner)
     finally:
         lease.done.set()
         keeper.join(timeout=5)
         report.flush()
         if execution is not None and not _taken_over(lease):
             execution.close()
+
+
+def _timed_out(limit: int) -> str:
+    return (
+        f"the build ran for longer than its limit of {limit} s "
+        "(TEMPLATE_BUILD_TIMEOUT_SECONDS) and was stopped"
+    )
+
+
+def _finish_timed_out(
+    build: TemplateBuild, owner: str, report: Reporter, execution: Execution | None, limit: int
+) -> None:
+    report.flush()
+    where = execution.current if execution is not None else "base"
+    finish_error(build, _timed_out(limit), step=where or None, owner=owner)
 
 
 def _taken_over(lease: Lease) -> bool:
