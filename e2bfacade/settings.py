@@ -247,6 +247,9 @@ if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
         f"got {TEMPLATE_REGISTRY_MIRROR!r}"
     )
 TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
+# All of one team's template images together: the layers its builds captured, its
+# templates' files and final images (a build that would pass it ends error).
+TEMPLATE_IMAGES_MAX_MB_PER_TEAM = _positive_int("TEMPLATE_IMAGES_MAX_MB_PER_TEAM", 20 * 1024)
 TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bfacade"))
 if not TEMPLATE_CACHE_DIR.is_absolute():
     raise ImproperlyConfigured(

@@ -30,6 +30,7 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.builds import bases, files, tags, wakeup
+from templates.builds.bounds import ImageBudget
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan
 from templates.builds.services import append_log, finish_error
 from templates.builds.steps import Context, StepFailed
@@ -320,6 +321,7 @@ def run(build: TemplateBuild, owner: str) -> None:
             archive=lambda h: _archive(build.team_id, h),
             internet=settings.TEMPLATE_BUILD_INTERNET,
             step_timeout=float(settings.TEMPLATE_STEP_TIMEOUT_SECONDS),
+            budget=ImageBudget(runtime, build.team_id),
         )
         result = execution.run()
         report.flush()

@@ -1,7 +1,7 @@
 """Template builds are bounded per team: one team's queue never delays another team's build
 beyond that team's own queue (the claim's fair share), a team runs at most
 TEMPLATE_BUILDS_RUNNING_PER_TEAM builds at once, a build ends ``error`` past
-TEMPLATE_BUILD_TIMEOUT_SECONDS, a team's images stay within TEMPLATE_IMAGE_MB_PER_TEAM, a
+TEMPLATE_BUILD_TIMEOUT_SECONDS, a team's images stay within TEMPLATE_IMAGES_MAX_MB_PER_TEAM, a
 build captures its writable layer a bounded number of times, and only the host that received
 a build's trigger (and holds its archives) claims it.
 
@@ -198,14 +198,14 @@ def test_a_build_captures_what_it_wrote_a_bounded_number_of_times(host: LocalRun
 def test_a_team_over_its_image_budget_gets_a_clear_error_and_no_more_bytes(
     host: LocalRuntime, settings: Any
 ) -> None:
-    settings.TEMPLATE_IMAGE_MB_PER_TEAM = 64
+    settings.TEMPLATE_IMAGES_MAX_MB_PER_TEAM = 64
     _, template = team_with_template()
     big = run_step("head -c 100000000 /dev/zero | tr '\\0' x > /blob && sleep 2.5")
     build = build_now(host, template, big, run_step("true"))
     assert build.status == BuildStatus.ERROR, build.status
     assert build.reason is not None
     message = build.reason["message"]
-    assert "64 MiB (TEMPLATE_IMAGE_MB_PER_TEAM)" in message, message
+    assert "64 MiB (TEMPLATE_IMAGES_MAX_MB_PER_TEAM)" in message, message
     assert build.reason.get("step") == "1"
     # What it captured past the budget was not kept.
     assert sum(made_by(host, build).values()) <= 64 << 20, made_by(host, build)
@@ -215,7 +215,7 @@ def test_a_team_over_its_image_budget_gets_a_clear_error_and_no_more_bytes(
 def test_a_team_at_its_image_budget_loses_its_oldest_unused_cache_layers_first(
     host: LocalRuntime, settings: Any
 ) -> None:
-    settings.TEMPLATE_IMAGE_MB_PER_TEAM = 100
+    settings.TEMPLATE_IMAGES_MAX_MB_PER_TEAM = 100
     team, first = team_with_template()
     second = TemplateFactory.create(team=team, image_id="")
     # 40 MB captured twice (its slow step, its finalize): 80 MB of the team's 100.
