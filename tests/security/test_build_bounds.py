@@ -21,6 +21,7 @@ from django.utils import timezone
 from e2bfacade import sandbox_runtime
 from e2bfacade.models import Team
 from e2bfacade.runtime.local import LocalRuntime
+from templates.builds.executor import MAX_LAYERS_PER_BUILD
 from templates.builds.worker import claim, run
 from templates.models import BuildStatus, LayerCacheEntry, Template, TemplateBuild
 from tests.contract.template_support import run_step
@@ -192,6 +193,19 @@ def test_a_build_captures_what_it_wrote_a_bounded_number_of_times(host: LocalRun
     assert captured >= 2 * 200_000_000, images
     # The cache still starts a rebuild after the step that wrote.
     assert LayerCacheEntry.objects.filter(team=team).count() >= 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_build_of_many_slow_steps_keeps_a_bounded_number_of_layers(host: LocalRuntime) -> None:
+    _, template = team_with_template()
+    steps = [
+        run_step(f"echo {n} > /step-{n} && sleep 2.2") for n in range(MAX_LAYERS_PER_BUILD + 2)
+    ]
+    build = build_now(host, template, *steps)
+    assert build.status == BuildStatus.READY, build.reason
+    # Each layer is a cache entry; one more is the finalize's.
+    layers = LayerCacheEntry.objects.filter(team_id=build.team_id).count() - 1
+    assert layers == MAX_LAYERS_PER_BUILD, made_by(host, build)
 
 
 @pytest.mark.django_db(transaction=True)
