@@ -247,6 +247,9 @@ if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
         f"got {TEMPLATE_REGISTRY_MIRROR!r}"
     )
 TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
+# All of one team's template images together: the layers its builds captured, its
+# templates' files and final images (a build that would pass it ends error).
+TEMPLATE_IMAGES_MAX_MB_PER_TEAM = _positive_int("TEMPLATE_IMAGES_MAX_MB_PER_TEAM", 20 * 1024)
 TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bfacade"))
 if not TEMPLATE_CACHE_DIR.is_absolute():
     raise ImproperlyConfigured(
@@ -447,12 +450,18 @@ TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
 # Builds of one team in waiting or building at once (E2B answers 429 past its limit).
 TEMPLATE_BUILDS_PER_TEAM = _int("TEMPLATE_BUILDS_PER_TEAM", 4, 1, 64, "between 1 and 64")
-# Builds one build worker runs at once (each in a sandbox of its own).
-TEMPLATE_BUILD_CONCURRENCY = _int("TEMPLATE_BUILD_CONCURRENCY", 1, 0, 16, "between 0 and 16")
+# Builds one build worker runs at once (each in a sandbox of its own). Two, so that with one
+# build per team running (below) one team never holds every worker of a host.
+TEMPLATE_BUILD_CONCURRENCY = _int("TEMPLATE_BUILD_CONCURRENCY", 2, 0, 16, "between 0 and 16")
+# Builds of one team running at once, on all hosts together (its others wait their turn).
+TEMPLATE_BUILDS_RUNNING_PER_TEAM = _int(
+    "TEMPLATE_BUILDS_RUNNING_PER_TEAM", 1, 1, 64, "between 1 and 64"
+)
 # A build worker's hold on a build; renewed while it runs, taken over once it runs out.
 TEMPLATE_BUILD_LEASE_SECONDS = _positive_int("TEMPLATE_BUILD_LEASE_SECONDS", 30)
-# A whole build's limit, and one RUN step's (E2B: 1 h per command).
-TEMPLATE_BUILD_TIMEOUT_SECONDS = _positive_int("TEMPLATE_BUILD_TIMEOUT_SECONDS", 2 * 3600)
+# A whole build's limit, from its first claim (queueing is not counted), and one RUN
+# step's (E2B: 1 h per command).
+TEMPLATE_BUILD_TIMEOUT_SECONDS = _positive_int("TEMPLATE_BUILD_TIMEOUT_SECONDS", 3600)
 TEMPLATE_STEP_TIMEOUT_SECONDS = _positive_int("TEMPLATE_STEP_TIMEOUT_SECONDS", 3600)
 # How many log entries a build keeps (the rest are counted in one last entry).
 TEMPLATE_BUILD_LOG_ENTRIES = _positive_int("TEMPLATE_BUILD_LOG_ENTRIES", 10000)

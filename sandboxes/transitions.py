@@ -11,6 +11,7 @@ recorded meanwhile. A process that dies between the two leaves the row transitio
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -122,12 +123,19 @@ def this_host() -> str:
     return get_runtime().host_id
 
 
+def host_label(host: str) -> str:
+    """An opaque, stable name for a host in what callers read: a host id is the machine's
+    name and its runtime root's path, which are the operator's to know, not a tenant's.
+    The operator finds a label's host with ``host_label`` over the hosts' ids."""
+    return hashlib.sha256(host.encode()).hexdigest()[:12]
+
+
 def on_another_host(sandbox: Sandbox, host: str) -> ApiError:
     """What a call about a sandbox another host holds answers: the truth, never an outcome
     this host cannot bring about (placing requests by host is not done yet)."""
     return ServiceUnavailable(
-        f"sandbox {sandbox.sandbox_id} is held by host {sandbox.host}, not by this one "
-        f"({host}): send the request to that host's API",
+        f"sandbox {sandbox.sandbox_id} is held by another host of this service (host "
+        f"{host_label(sandbox.host)}), not by this one: send the request to that host's API",
         error_code="sandbox_on_another_host",
         headers={"Should-Retry": "false"},
     )

@@ -168,8 +168,15 @@ class TemplateBuild(models.Model):
     lease_owner = models.CharField(max_length=64, blank=True, default="")
     lease_until = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # The host (runtime host id) whose API received the trigger: its COPY archives are in
+    # that host's TEMPLATE_FILES_DIR, so only that host's build workers claim the build.
+    # Empty: a build triggered before hosts were recorded (the one host there was).
+    host = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # Its first claim: where TEMPLATE_BUILD_TIMEOUT_SECONDS counts from (a re-drive keeps
+    # it), and when its team was last served (the claim's fair share).
+    running_since = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

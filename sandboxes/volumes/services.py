@@ -36,6 +36,7 @@ from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.admission import volume_admit
 from sandboxes.models import SandboxVolumeMount, Volume
+from sandboxes.transitions import host_label
 
 logger = logging.getLogger(__name__)
 State = Volume.State
@@ -101,8 +102,8 @@ def check_volume_host(volume: Volume) -> None:
     host = this_host()
     if volume.host and volume.host != host:
         raise ServiceUnavailable(
-            f"volume {volume.volume_id} is stored on host {volume.host}, not on this one "
-            f"({host}): send the request to that host's API",
+            f"volume {volume.volume_id} is stored on another host of this service (host "
+            f"{host_label(volume.host)}), not on this one: send the request to that host's API",
             error_code="volume_on_another_host",
             headers={"Should-Retry": "false"},
         )
@@ -442,8 +443,9 @@ def volume_mounts_resolve(
             invalid.append(
                 (
                     index,
-                    f"volume '{name}' is stored on host {volume.host}, not on this one "
-                    f"({host}): a sandbox mounts only the volumes of its own host",
+                    f"volume '{name}' is stored on another host of this service (host "
+                    f"{host_label(volume.host)}), not on this one: a sandbox mounts only "
+                    "the volumes of its own host",
                 )
             )
             continue

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 # A step slower than this is worth a layer of its own in the cache.
 LAYER_AFTER_SECONDS = 2.0
+# Layers a build captures before its finalize, at most. Each is a copy of the sandbox's whole
+# writable layer so far (up to the build's disk), so a build of many slow steps would
+# otherwise store its files once per step; past this many the steps are not cached.
+MAX_LAYERS_PER_BUILD = 8
 # Images deeper than this are not built on (the runtime passes each layer to a sandbox as a
 # descriptor, at most about 31): the cache is then not used below that point.
 MAX_DEPTH = 12
@@ -90,6 +94,12 @@ class Reporter(Protocol):
     def remember(self, layer_hash: str, layer: Layer) -> None: ...
 
 
+class Budget(Protocol):
+    def check(self, image_id: str | None = None) -> None:
+        """Raise StepFailed unless the team's images, with ``image_id`` (just made by the
+        build) among them, fit the team's budget."""
+
+
 @dataclass(frozen=True)
 class Plan:
     team_id: int
@@ -127,11 +137,17 @@ class Execution:
         archive: Callable[[str], Pinned | None],
         internet: bool,
         step_timeout: float,
+        budget: Budget,
     ) -> None:
         self.runtime, self.plan, self.base, self.report = runtime, plan, base, report
         self.archive, self.internet, self.step_timeout = archive, internet, step_timeout
+        self.budget = budget
         self.guest: Guest | None = None
         self.pinned: dict[str, Pinned | None] = {}  # files hash -> the archive this build uses
+        # The layers captured before the finalize, and the bytes the sandbox's disk used at
+        # the last capture (or its start): a step that wrote nothing is not captured again.
+        self.layers = 0
+        self.disk_used: int | None = None
         self.sandbox_image = ""
         self.current = "base"  # the step running: where a failure is reported
 
@@ -189,13 +205,21 @@ class Execution:
             ctx = self._step(layer, prefix, label, step)
             layer = Layer(layer.image_id, ctx)
             last = i == len(todo) - 1
-            if last or time.monotonic() - began > LAYER_AFTER_SECONDS:
+            slow = time.monotonic() - began > LAYER_AFTER_SECONDS
+            if (last or slow) and self._worth_a_layer():
+                self.layers += 1
                 layer = Layer(self._capture(self._image_id("tl", cache_key)), ctx)
                 report.remember(cache_key, layer)
         return self._finalize(h, archives, layer)
 
     def _image_id(self, kind: str, cache_key: str) -> str:
-        return f"{image_namespace(self.plan.team_id)}{kind}-{cache_key[:24]}"
+        """The id of the image this build makes now for ``cache_key``: the team's name for
+        it, or, when an image of that name exists already (a forced step, or a cache entry
+        dropped while its image stayed), that name and this build's, since the runtime
+        keeps an image whose id exists and the step was just run anew: its fresh files, not
+        the old ones, are what this build and the cache then hold."""
+        name = f"{image_namespace(self.plan.team_id)}{kind}-{cache_key[:24]}"
+        return name if self._absent(name) else f"{name}-{self.plan.build_id.replace('-', '')[:8]}"
 
     def _bind_archive(self, archives: str, step: dict[str, Any]) -> str:
         """``archives`` with the digest of this step's archive chained on (a COPY's): from here
@@ -255,7 +279,10 @@ class Execution:
         )
         image_id = info.image_id
         if depth(self.runtime, image_id) > SQUASH_DEPTH:
-            image_id = self.runtime.squash_image(image_id, self._image_id("ts", cache_key)).image_id
+            squashed = self._image_id("ts", cache_key)
+            made = self._absent(squashed)
+            image_id = self.runtime.squash_image(image_id, squashed).image_id
+            self._admit(image_id, made=made)
         report.remember(cache_key, Layer(image_id, ctx))
         return Result(image_id, ctx)
 
@@ -331,15 +358,61 @@ class Execution:
         )
         self.sandbox_image = layer.image_id
         self.guest = rt.guest(self.plan.sandbox_id)
+        self.disk_used = self._disk_used()
         return self.guest
 
     def _capture(self, image_id: str) -> str:
-        """The build sandbox's files as a layer image (files only: no process is kept)."""
+        """The build sandbox's files as a layer image (files only: no process is kept),
+        within the team's image budget: a team over it captures nothing, and a capture that
+        takes it over is removed again before the build fails."""
         assert self.guest is not None
+        self.budget.check()
+        made = self._absent(image_id)
         try:
-            return self.runtime.snapshot(self.plan.sandbox_id, image_id).image_id
+            captured = self.runtime.snapshot(self.plan.sandbox_id, image_id).image_id
         except SandboxRuntimeError as exc:
             raise StepFailed(f"cannot keep the step's files: {exc.message}") from None
+        self.disk_used = self._disk_used()
+        self._admit(captured, made=made)
+        return captured
+
+    def _worth_a_layer(self) -> bool:
+        """Whether to capture a layer after this step. A capture copies the whole writable
+        layer, so a step that wrote nothing since the last one (its disk's used bytes
+        unchanged) is not captured: a rebuild re-runs it from the layer before, instead of
+        the build storing its files again. Nor is any past MAX_LAYERS_PER_BUILD."""
+        if self.layers >= MAX_LAYERS_PER_BUILD:
+            return False
+        used = self._disk_used()
+        return used is None or used != self.disk_used
+
+    def _disk_used(self) -> int | None:
+        """The bytes the build sandbox's disk uses (None: unknown, so a layer is taken)."""
+        try:
+            return self.runtime.metrics(self.plan.sandbox_id).disk_used
+        except SandboxRuntimeError:
+            return None
+
+    def _absent(self, image_id: str) -> bool:
+        """Whether no image ``image_id`` exists yet (one made now is this build's to remove)."""
+        try:
+            self.runtime.image_info(image_id)
+        except SandboxRuntimeError:
+            return True
+        return False
+
+    def _admit(self, image_id: str, *, made: bool) -> None:
+        """Keep ``image_id`` if the team's images fit its budget with it; else remove it
+        (when this build made it) so that a team over its budget is left no more bytes."""
+        try:
+            self.budget.check(image_id)
+        except StepFailed:
+            if made:
+                try:
+                    self.runtime.delete_image(image_id)
+                except SandboxRuntimeError:
+                    logger.exception("image %s over the team's budget was not removed", image_id)
+            raise
 
     def close(self) -> None:
         if self.guest is not None or self.sandbox_image:

@@ -157,6 +157,12 @@ def _expire_waiting(team: Team) -> None:
         finish_error(build, NEVER_STARTED, step=None)
 
 
+def _this_host() -> str:
+    from e2bfacade.sandbox_runtime import get_runtime
+
+    return get_runtime().host_id
+
+
 def _check_fits(name: str, cpu: int, memory: int) -> None:
     from e2bfacade.sandbox_runtime import get_runtime
     from templates.services import DEFAULT_PIDS_MAX, template_fits
@@ -269,6 +275,10 @@ def build_trigger(
         json.dumps([spec, body.get("fromImageRegistry")], sort_keys=True).encode()
     ).hexdigest()
     auth = _registry_auth(body)
+    # The host whose API received the trigger holds the build's archives (the SDK uploads
+    # them through the same API): only its build workers claim the build. Read before the
+    # transaction: the runtime is built on first use.
+    host = _this_host()
     with transaction.atomic():
         build = resolve_build(team=team, template_ref=template_ref, build_id=build_id)
         build = TemplateBuild.objects.select_for_update().get(pk=build.pk)
@@ -281,8 +291,10 @@ def build_trigger(
         ):
             finish_error(running, CANCELED, step=None)
         build.spec, build.spec_digest, build.registry_auth = spec, digest, auth
-        build.status, build.started_at = BuildStatus.BUILDING, timezone.now()
-        build.save(update_fields=["spec", "spec_digest", "registry_auth", "status", "started_at"])
+        build.status, build.started_at, build.host = BuildStatus.BUILDING, timezone.now(), host
+        build.save(
+            update_fields=["spec", "spec_digest", "registry_auth", "status", "started_at", "host"]
+        )
         wakeup.announce()
     return build
 

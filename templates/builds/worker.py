@@ -17,16 +17,19 @@ import socket
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from e2bfacade import crypto
+from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.builds import bases, files, tags, wakeup
+from templates.builds.bounds import ImageBudget
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan, image_namespace
 from templates.builds.services import append_log, finish_error
 from templates.builds.steps import Context, StepFailed
@@ -49,11 +52,14 @@ def build_sandbox_ids() -> set[str]:
 
 
 class Lease:
-    """This worker's hold on one build, renewed by a thread while the build runs."""
+    """This worker's hold on one build, renewed by a thread while the build runs, until
+    ``deadline`` (``time.monotonic()``; None: none): past it the keeper ends the build's
+    sandbox and sets ``expired`` (and ``lost``, so the executor stops between steps)."""
 
-    def __init__(self, build: TemplateBuild, owner: str) -> None:
-        self.build, self.owner = build, owner
+    def __init__(self, build: TemplateBuild, owner: str, deadline: float | None = None) -> None:
+        self.build, self.owner, self.deadline = build, owner, deadline
         self.lost = threading.Event()
+        self.expired = threading.Event()
         self.done = threading.Event()
         self.on_lost: list[object] = []
 
@@ -82,6 +88,12 @@ class Lease:
             renewed = time.monotonic()
             try:
                 while not self.done.wait(LOG_SECONDS):
+                    if self.deadline is not None and time.monotonic() >= self.deadline:
+                        # The build's time is up: whatever step runs ends with its sandbox.
+                        self.expired.set()
+                        self.lost.set()
+                        kill()  # type: ignore[operator]
+                        return
                     try:
                         flush()  # type: ignore[operator]
                         if time.monotonic() - renewed < settings.TEMPLATE_BUILD_LEASE_SECONDS / 3:
@@ -183,15 +195,72 @@ class Reporter:
         )
 
 
-def claim(owner: str) -> TemplateBuild | None:
-    """The oldest ``building`` build nobody holds (never claimed, or its lease ran out)."""
+def claim(owner: str, *, host: str) -> TemplateBuild | None:
+    """The next build for a build worker of ``host``, under a lease for ``owner``: among the
+    ``building`` builds triggered on ``host`` that nobody holds (never claimed, or their
+    lease ran out), the oldest of the team served least — fewest builds running, then
+    longest since one of its builds started running — so one team's queue never delays
+    another team's build by more than a build of its own. A team already running
+    TEMPLATE_BUILDS_RUNNING_PER_TEAM builds gets none. Another host's builds are never
+    claimed: their COPY archives are on that host."""
     now = timezone.now()
+    waiting = list(
+        TemplateBuild.objects.filter(status=BuildStatus.BUILDING, host__in=(host, ""))
+        .exclude(lease_until__gt=now)
+        .order_by("started_at")
+        .values_list("pk", "team_id")
+    )
+    if not waiting:
+        return None
+    oldest: dict[int, uuid.UUID] = {}  # each team's oldest waiting build, in queue order
+    for pk, team_id in waiting:
+        oldest.setdefault(team_id, pk)
+    running = _running_per_team(set(oldest), now)
+    served = dict(
+        TemplateBuild.objects.filter(team_id__in=set(oldest), running_since__isnull=False)
+        .values("team_id")
+        .annotate(last=Max("running_since"))
+        .values_list("team_id", "last")
+    )
+    cap = settings.TEMPLATE_BUILDS_RUNNING_PER_TEAM
+    turn = sorted(
+        (t for t in oldest if running.get(t, 0) < cap),
+        # A team never served sorts first; sorted() is stable, so ties keep queue order.
+        key=lambda t: (running.get(t, 0), served.get(t) is not None, served.get(t) or now),
+    )
+    for team_id in turn:
+        build = _claim_one(oldest[team_id], team_id, owner, now, cap)
+        if build is not None:
+            return build
+    return None
+
+
+def _running_per_team(teams: set[int], now: datetime) -> dict[int, int]:
+    """How many builds each of ``teams`` has running (held under a live lease), anywhere."""
+    return dict(
+        TemplateBuild.objects.filter(
+            team_id__in=teams, status=BuildStatus.BUILDING, lease_until__gt=now
+        )
+        .values("team_id")
+        .annotate(n=Count("pk"))
+        .values_list("team_id", "n")
+    )
+
+
+def _claim_one(
+    pk: uuid.UUID, team_id: int, owner: str, now: datetime, cap: int
+) -> TemplateBuild | None:
+    """Take build ``pk`` unless another worker took it, or its team reached ``cap``, first."""
     with transaction.atomic():
+        # The team's row lock serialises the team's claims (on every host): two workers
+        # must not both find the team under its cap and both take one of its builds.
+        list(Team.objects.select_for_update().filter(pk=team_id).values_list("pk"))
+        if _running_per_team({team_id}, now).get(team_id, 0) >= cap:
+            return None
         build = (
             TemplateBuild.objects.select_for_update(skip_locked=True)
-            .filter(status=BuildStatus.BUILDING)
+            .filter(pk=pk, status=BuildStatus.BUILDING)
             .exclude(lease_until__gt=now)
-            .order_by("started_at")
             .first()
         )
         if build is None:
@@ -199,7 +268,9 @@ def claim(owner: str) -> TemplateBuild | None:
         build.lease_owner = owner
         build.lease_until = now + timedelta(seconds=settings.TEMPLATE_BUILD_LEASE_SECONDS)
         build.attempts += 1
-        build.save(update_fields=["lease_owner", "lease_until", "attempts"])
+        # A re-drive keeps its first claim: the build's time limit counts from there.
+        build.running_since = build.running_since or now
+        build.save(update_fields=["lease_owner", "lease_until", "attempts", "running_since"])
     return build
 
 
@@ -215,7 +286,14 @@ def run(build: TemplateBuild, owner: str) -> None:
             owner=owner,
         )
         return
-    lease = Lease(build, owner)
+    limit = settings.TEMPLATE_BUILD_TIMEOUT_SECONDS
+    # From the build's first claim: a re-drive does not get its time again.
+    left = limit - (timezone.now() - (build.running_since or timezone.now())).total_seconds()
+    if left <= 0:
+        get_runtime().kill(build.sandbox_id)
+        finish_error(build, _timed_out(limit), step=None, owner=owner)
+        return
+    lease = Lease(build, owner, deadline=time.monotonic() + left)
     report = Reporter(build, lease)
     began = time.monotonic()
     if build.attempts > 1:
@@ -248,29 +326,54 @@ def run(build: TemplateBuild, owner: str) -> None:
             archive=lambda h: files.pin(build.team_id, h),
             internet=settings.TEMPLATE_BUILD_INTERNET,
             step_timeout=float(settings.TEMPLATE_STEP_TIMEOUT_SECONDS),
+            budget=ImageBudget(runtime, build.team_id),
         )
         result = execution.run()
         report.flush()
         _finish_ready(build, owner, result.image_id, result.context, began)
     except Canceled:
-        logger.info("build %s is no longer this worker's", build.pk)
+        if lease.expired.is_set():
+            _finish_timed_out(build, owner, report, execution, limit)
+        else:
+            logger.info("build %s is no longer this worker's", build.pk)
     except (StepFailed, bases.BaseUnavailable) as exc:
         where = step or (execution.current if execution else "")
         report.flush()
-        if lease.lost.is_set():
+        if lease.expired.is_set():
+            # Its step failed because the keeper ended the sandbox: say why.
+            _finish_timed_out(build, owner, report, execution, limit)
+        elif lease.lost.is_set():
             logger.info("build %s was canceled mid-step", build.pk)
         else:
             finish_error(build, exc.message, step=where or None, owner=owner)
     except Exception as exc:
-        logger.exception("build %s failed", build.pk)
         report.flush()
-        finish_error(build, f"internal error: {exc}", step=None, owner=owner)
+        if lease.expired.is_set():
+            _finish_timed_out(build, owner, report, execution, limit)
+        else:
+            logger.exception("build %s failed", build.pk)
+            finish_error(build, f"internal error: {exc}", step=None, owner=owner)
     finally:
         lease.done.set()
         keeper.join(timeout=5)
         report.flush()
         if execution is not None and not _taken_over(lease):
             execution.close()
+
+
+def _timed_out(limit: int) -> str:
+    return (
+        f"the build ran for longer than its limit of {limit} s "
+        "(TEMPLATE_BUILD_TIMEOUT_SECONDS) and was stopped"
+    )
+
+
+def _finish_timed_out(
+    build: TemplateBuild, owner: str, report: Reporter, execution: Execution | None, limit: int
+) -> None:
+    report.flush()
+    where = execution.current if execution is not None else "base"
+    finish_error(build, _timed_out(limit), step=where or None, owner=owner)
 
 
 def _taken_over(lease: Lease) -> bool:
@@ -327,7 +430,7 @@ def loop(stop: threading.Event) -> None:
         while not stop.is_set():
             close_old_connections()
             try:
-                build = claim(owner)
+                build = claim(owner, host=get_runtime().host_id)
             except Exception:
                 logger.exception("claiming a build failed; trying again")
                 build = None

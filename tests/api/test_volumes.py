@@ -416,7 +416,8 @@ def test_a_volume_being_deleted_or_of_another_host_cannot_be_mounted(
         ),
         400,
     )
-    assert "is stored on host another-host, not on this one" in body["message"]
+    assert "is stored on another host of this service (host " in body["message"]
+    assert "another-host" not in body["message"] and runtime.host_id not in body["message"]
     body = assert_error(api_client.delete(f"/volumes/{here['volumeID']}"), 503)
     assert body["error_code"] == "volume_on_another_host"
     Volume.objects.filter(pk=here["volumeID"]).update(host=runtime.host_id, state=State.DELETING)

@@ -72,3 +72,26 @@ def test_an_unchanged_rebuild_runs_no_step_and_a_new_start_command_only_the_fina
         assert sandbox.commands.run('echo "$LAYERED"').stdout == "yes\n"
     finally:
         sandbox.kill()
+
+
+def test_a_forced_rebuild_keeps_the_files_its_steps_made_anew(envd_env: LiveServer) -> None:
+    """``skip_cache`` runs every step again, and what they made is what the template then
+    starts: an image of the step's name already existing must not stand in for it."""
+    name = f"forced-{uuid.uuid4().hex[:8]}"
+    recipe = (
+        Template()
+        .from_template("base")
+        .run_cmd("head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /home/user/nonce.txt")
+    )
+
+    def nonce(skip_cache: bool) -> str:
+        Template.build(recipe, name, cpu_count=1, memory_mb=512, skip_cache=skip_cache)
+        sandbox = Sandbox.create(name, timeout=60)
+        try:
+            return str(sandbox.files.read("/home/user/nonce.txt"))
+        finally:
+            sandbox.kill()
+
+    first = nonce(False)
+    assert nonce(False) == first  # cached: the same layer
+    assert nonce(True) != first  # forced: the step's new output, not the old image

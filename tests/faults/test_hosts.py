@@ -1,16 +1,30 @@
 """Two hosts on one database (each its own sandbox root, runtime and lifecycle worker): each
 acts on its own sandboxes only. Neither host's reconcile, timeouts or recovery touches the
 other's; a call that reaches the wrong host is answered truthfully (never a 204 for a kill
-that did not happen); and admission counts a host's own sandboxes against its capacity."""
+that did not happen); admission counts a host's own sandboxes against its capacity; and a
+template build is run by the host that received its trigger and its archives."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from e2bfacade.runtime.local import LocalRuntime
+from sandboxes.transitions import host_label
+from tests.contract.template_support import (
+    base_spec,
+    copy_step,
+    request_build,
+    run_step,
+    tar_of,
+    trigger,
+    upload,
+    wait_build,
+)
 from tests.support.live_server import Deployment, Server, cleanup_runtime
 
 
@@ -66,8 +80,49 @@ def test_each_host_acts_on_its_own_sandboxes_only(
         assert wrong.status_code == 503, (method, path, wrong.text)
         assert wrong.json()["error_code"] == "sandbox_on_another_host"
         assert wrong.headers["Should-Retry"] == "false"
+        # It names no machine or path of the operator's: an opaque label of the host.
+        message = wrong.json()["message"]
+        assert f"another host of this service (host {host_label(hosts[on_a])})" in message
+        for private in (socket.gethostname(), str(a.sandbox_root), str(b.sandbox_root)):
+            assert private not in message, message
     assert call(b, key, "GET", f"/sandboxes/{on_a}").json()["state"] == "running"
     assert str(LocalRuntime(a.sandbox_root).status(on_a).state) == "running"
 
     assert call(a, key, "DELETE", f"/sandboxes/{on_a}").status_code == 204
     assert call(b, key, "DELETE", f"/sandboxes/{on_b}").status_code == 204
+
+
+def test_a_build_is_run_by_the_host_that_received_it_never_by_another() -> None:
+    with Deployment(teams=1, prefix="e2bh") as dep:
+        root_b = dep.tmp / "root-b"
+        # Host A answers the API and has no build worker yet; host B's worker is idle.
+        a = dep.server(workers=2)
+        b = dep.server(workers=2, lifecycle_worker=True, SANDBOX_ROOT=str(root_b))
+        try:
+            key = dep.take_team().api_key
+            with httpx.Client(base_url=a.url, headers={"X-API-Key": key}, timeout=60) as http:
+                made = request_build(http, "on-host-a")
+                tid, bid = made["templateID"], made["buildID"]
+                digest = upload(http, tid, tar_of(("file", "hello.txt", "from host a\n")))
+                spec = base_spec(
+                    copy_step(digest, "hello.txt", "/srv/"), run_step("cat /srv/hello.txt")
+                )
+                assert trigger(http, tid, bid, spec).status_code == 202
+                # B is woken by the trigger: its worker must leave A's build alone (its
+                # archive is on A), not claim it and fail it "never uploaded".
+                time.sleep(5)
+                row = dep.query(
+                    "SELECT status, lease_owner, host FROM templates_templatebuild "
+                    "WHERE build_id = %s",
+                    (bid,),
+                )
+                assert row == [("building", "", LocalRuntime(a.sandbox_root).host_id)], row
+                # A's own worker runs it.
+                a.lifecycle_worker = True
+                a.restart(crash=False)
+                info, entries = wait_build(http, tid, bid)
+            assert info["status"] == "ready", info
+            assert any("from host a" in e["message"] for e in entries)
+        finally:
+            b.stop()
+            cleanup_runtime({**dep.env, "SANDBOX_ROOT": str(root_b)}, root_b)
