@@ -15,7 +15,9 @@ Checked in the create's reserve transaction, before the sandbox row exists:
   times ``SANDBOX_MEMORY_OVERCOMMIT`` / ``SANDBOX_DISK_OVERCOMMIT`` (limits are caps,
   rarely all used at once); other hosts' sandboxes on the same database are theirs. The
   disk counted also holds the size of each of this host's volumes (creating, ready or
-  deleting: each is an image of up to that size on the host's disk). 503 with
+  deleting: each is an image of up to that size on the host's disk), and each template
+  build this host is running holds its build sandbox's memory and disk (a build sandbox has
+  no ``sandboxes`` row, but it is a sandbox on the host all the same). 503 with
   Retry-After; the key is released.
 
 A volume's create is admitted against the same disk bound (:func:`volume_admit`): the
@@ -37,7 +39,7 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capability, Capacity, SandboxRuntimeError
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.models import Sandbox, Volume
-from templates.models import Template
+from templates.models import BUILD_DISK_MB, Template, TemplateBuild
 from templates.services import template_fits
 
 
@@ -79,7 +81,7 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
             template.memory_mb,
             cap.memory_mb,
             settings.SANDBOX_MEMORY_OVERCOMMIT,
-            "the live sandboxes hold",
+            "the live sandboxes and template builds hold",
         ),
         (
             "disk",
@@ -87,7 +89,7 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
             template.disk_size_mb,
             cap.disk_mb,
             settings.SANDBOX_DISK_OVERCOMMIT,
-            f"the live sandboxes and the volumes ({volumes_mb} MiB) hold",
+            f"the live sandboxes, template builds and volumes ({volumes_mb} MiB) hold",
         ),
     ):
         allowed = int(total * ratio)
@@ -128,6 +130,18 @@ def volume_admit(*, size_mb: int) -> str:
     return host
 
 
+def _builds_sum() -> tuple[str, str]:
+    """Scalar subqueries: the memory and the disk of the build sandboxes ``host`` runs (one
+    parameter each, the host): a build being run (``building`` and held by a worker) has
+    one sandbox of its memory and a disk of BUILD_DISK_MB."""
+    builds = connection.ops.quote_name(TemplateBuild._meta.db_table)
+    running = f"FROM {builds} WHERE status = 'building' AND lease_owner <> '' AND host IN (%s, '')"
+    return (
+        f"(SELECT COALESCE(SUM(memory_mb), 0) {running})",
+        f"(SELECT COUNT(*) * {BUILD_DISK_MB} {running})",
+    )
+
+
 def _volumes_sum() -> str:
     """A scalar subquery: the size limits of a host's volumes (one parameter, the host).
     Every row counts: ``creating``, ``ready`` and ``deleting`` each may have an image."""
@@ -157,14 +171,15 @@ def _disk_usage(host: str) -> tuple[int, int]:
     volumes' size limits, in MiB."""
     qn = connection.ops.quote_name
     disk_sql, disk_params = _disk_sum(_checkpoints())
+    _, builds_disk = _builds_sum()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {disk_sql}, {_volumes_sum()} FROM {qn(Sandbox._meta.db_table)} "
-            "WHERE state <> %s",
-            [host, *disk_params, host, Sandbox.State.KILLED.value],
+            f"SELECT {disk_sql}, {_volumes_sum()}, {builds_disk} "
+            f"FROM {qn(Sandbox._meta.db_table)} WHERE state <> %s",
+            [host, *disk_params, host, host, Sandbox.State.KILLED.value],
         )
         row = cursor.fetchone()
-    return int(row[0]), int(row[1])
+    return int(row[0]) + int(row[2]), int(row[1])
 
 
 def _usage(team_id: int, host: str) -> tuple[int, int, int, int]:
@@ -185,13 +200,14 @@ def _usage(team_id: int, host: str) -> tuple[int, int, int, int]:
     if not checkpoints:
         no_memory_params.append(Sandbox.PauseMode.FILESYSTEM.value)
     disk_sql, disk_params = _disk_sum(checkpoints)
+    builds_memory, builds_disk = _builds_sum()
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {qn(Team._meta.db_table)} WHERE id = %s{lock}", [team_id])
         cursor.execute(
             f"SELECT COALESCE(SUM(CASE WHEN team_id = %s THEN 1 ELSE 0 END), 0), "
             f"COALESCE(SUM(CASE WHEN host IN (%s, '') AND NOT ({holds_no_memory})"
             f" THEN memory_mb ELSE 0 END), 0), "
-            f"{disk_sql}, {_volumes_sum()} "
+            f"{disk_sql}, {_volumes_sum()}, {builds_memory}, {builds_disk} "
             f"FROM {sandboxes} WHERE state <> %s",
             [
                 team_id,
@@ -200,8 +216,11 @@ def _usage(team_id: int, host: str) -> tuple[int, int, int, int]:
                 host,
                 *disk_params,
                 host,
+                host,
+                host,
                 Sandbox.State.KILLED.value,
             ],
         )
         row = cursor.fetchone()
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+    # The build sandboxes this host runs hold memory and disk as its sandboxes do.
+    return int(row[0]), int(row[1]) + int(row[4]), int(row[2]) + int(row[5]), int(row[3])

@@ -130,6 +130,10 @@ class Template(models.Model):
 
 
 # ------------------------------------------------------------------------------- builds
+# The disk of a build's sandbox (its steps write there; each capture is at most this).
+BUILD_DISK_MB = 4096
+
+
 class BuildStatus(models.TextChoices):
     """The statuses E2B's wire knows; nothing else is ever stored or answered."""
 

@@ -33,11 +33,10 @@ from templates.builds.bounds import ImageBudget
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan, image_namespace
 from templates.builds.services import append_log, finish_error
 from templates.builds.steps import Context, StepFailed
-from templates.models import BuildStatus, LayerCacheEntry, TemplateBuild
+from templates.models import BUILD_DISK_MB, BuildStatus, LayerCacheEntry, TemplateBuild
 
 logger = logging.getLogger("e2bfacade.builds")
 MAX_ATTEMPTS = 3
-BUILD_DISK_MB = 4096
 LOG_BATCH = 64
 LOG_SECONDS = 0.2
 

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from e2bfacade.models import ApiKey
 from e2bfacade.runtime.local import LocalRuntime
 from sandboxes.models import Sandbox
+from templates.models import BUILD_DISK_MB, TemplateBuild
 from tests.api.helpers import postgres_only, run_at_once
 from tests.support.factories import SandboxFactory, TeamFactory, TemplateFactory
 
@@ -114,3 +115,34 @@ def test_a_sandbox_paused_with_memory_holds_ram_on_local_and_disk_on_gvisor(
     SandboxFactory(team=team, host=host, state="paused", pause_mode="full")
     SandboxFactory(team=team, host=host, state="paused", pause_mode="filesystem")
     assert _usage(team.pk, host)[1:3] == (memory, disk)
+
+
+def test_the_template_builds_a_host_runs_hold_its_memory_and_disk(api_client: APIClient) -> None:
+    """A build's sandbox has no sandboxes row but takes the host's memory and disk all the
+    same: a build being run counts, one waiting or another host's does not."""
+    from sandboxes.admission import _disk_usage, _usage
+
+    team = TeamFactory.create()
+    template = TemplateFactory.create(team=team, image_id="")
+    host = "this-host"
+    SandboxFactory(team=team, host=host, memory_mb=512, disk_size_mb=1024)
+    before = _usage(team.pk, host)
+    for status, owner, where in (
+        ("building", "worker-1", host),  # run here: counts
+        ("building", "", host),  # triggered, not yet claimed: no sandbox yet
+        ("waiting", "", host),
+        ("building", "worker-2", "another-host"),
+    ):
+        TemplateBuild.objects.create(
+            template=template,
+            team=team,
+            status=status,
+            lease_owner=owner,
+            host=where,
+            memory_mb=2048,
+        )
+    after = _usage(team.pk, host)
+    assert after[0] == before[0]  # builds are not the team's sandboxes
+    assert after[1] - before[1] == 2048
+    assert after[2] - before[2] == BUILD_DISK_MB
+    assert _disk_usage(host)[0] - _disk_usage("nowhere")[0] == 1024 + BUILD_DISK_MB
