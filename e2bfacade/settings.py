@@ -235,9 +235,11 @@ VOLUME_MAX_MB_PER_TEAM = _positive_int("VOLUME_MAX_MB_PER_TEAM", 10 * 1024)
 VOLUME_TOKEN_SECONDS = _positive_int("VOLUME_TOKEN_SECONDS", 24 * 3600)
 
 # Template bases (templates/builds/): the registry every image pull goes to instead of the
-# image's own (http:// is plain HTTP, https:// verified; empty: none), the largest image a
-# pull accepts (its compressed layers, MB), and where pulled images (images/) and the
-# Debian bases (bases/) are cached.
+# image's own (http:// is plain HTTP, https:// verified; empty: none), what else a pull may
+# reach besides public addresses (CIDRs, addresses, host names: templates/builds/egress.py),
+# the largest image a pull accepts (its compressed layers, MB), where the Debian bases are
+# cached (bases/) and where pulled images are (this service's own: its teams' private
+# images are in it).
 TEMPLATE_REGISTRY_MIRROR = env.str("TEMPLATE_REGISTRY_MIRROR", default="").rstrip("/") or None
 if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
     r"^https?://[^/]+$", TEMPLATE_REGISTRY_MIRROR
@@ -246,11 +248,25 @@ if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
         "TEMPLATE_REGISTRY_MIRROR must be http://host[:port] or https://host[:port], "
         f"got {TEMPLATE_REGISTRY_MIRROR!r}"
     )
+TEMPLATE_REGISTRY_ALLOW = tuple(env.list("TEMPLATE_REGISTRY_ALLOW", default=[]))
+try:
+    from templates.builds.egress import Rules as _RegistryRules
+
+    _RegistryRules.of(mirror=None, allow=TEMPLATE_REGISTRY_ALLOW)
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"TEMPLATE_REGISTRY_ALLOW: {_exc}") from None
 TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
 TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bfacade"))
 if not TEMPLATE_CACHE_DIR.is_absolute():
     raise ImproperlyConfigured(
         f"TEMPLATE_CACHE_DIR must be an absolute path, got {str(TEMPLATE_CACHE_DIR)!r}"
+    )
+TEMPLATE_PULL_CACHE_DIR = Path(
+    env.str("TEMPLATE_PULL_CACHE_DIR", default=str(SANDBOX_ROOT / "pulled-images"))
+)
+if not TEMPLATE_PULL_CACHE_DIR.is_absolute():
+    raise ImproperlyConfigured(
+        f"TEMPLATE_PULL_CACHE_DIR must be an absolute path, got {str(TEMPLATE_PULL_CACHE_DIR)!r}"
     )
 # Admission (sandboxes/admission.py): sandboxes a team may have at once (0: no limit), and
 # how far the memory and disk given to live sandboxes may exceed what the host has.
