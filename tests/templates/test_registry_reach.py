@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from templates.builds.egress import Rules
 from templates.builds.registry import PullFailed, pull
 from tests.support.live_process import free_port
 
@@ -135,3 +136,26 @@ def test_a_registrys_redirect_to_the_host_is_not_followed_and_its_body_never_sho
     assert SECRET_BODY not in caught.value.message
     assert "INTERNAL-ONLY" not in caught.value.message
     assert caught.value.message == "the registry for 'team/app:1' is unreachable"
+
+
+def test_an_address_the_operator_allows_is_reached(registry_url: str, pull_cache: Path) -> None:
+    port = registry_url.rsplit(":", 1)[1]
+    ref = f"127.0.0.1:{port}/library/debian:bookworm"
+    with pytest.raises(PullFailed) as refused:
+        pull(ref, auth=None, mirror=None, cache_dir=pull_cache, team_id=1)
+    assert refused.value.message == f"the registry for {ref!r} is unreachable"
+    # Allowed, it is reached: the registry answers (in plain HTTP, which a pull without a
+    # mirror does not speak).
+    with pytest.raises(PullFailed) as reached:
+        pull(ref, auth=None, mirror=None, cache_dir=pull_cache, team_id=1, allow=["127.0.0.1/32"])
+    assert (
+        reached.value.message == f"the registry serves plain HTTP: cannot pull {ref!r} over HTTPS"
+    )
+
+
+def test_an_allowance_that_is_not_a_network_or_a_host_name_is_refused() -> None:
+    assert Rules.of(mirror=None, allow=["10.1.0.0/16", "registry.internal", "::1"]).names == {
+        "registry.internal"
+    }
+    with pytest.raises(ValueError):
+        Rules.of(mirror=None, allow=["http://registry.internal/"])
