@@ -8,6 +8,7 @@ service. ``.env`` (beside manage.py) is read into the settings only, never into 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -248,13 +249,25 @@ if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
         "TEMPLATE_REGISTRY_MIRROR must be http://host[:port] or https://host[:port], "
         f"got {TEMPLATE_REGISTRY_MIRROR!r}"
     )
-TEMPLATE_REGISTRY_ALLOW = tuple(env.list("TEMPLATE_REGISTRY_ALLOW", default=[]))
-try:
-    from templates.builds.egress import Rules as _RegistryRules
 
-    _RegistryRules.of(mirror=None, allow=TEMPLATE_REGISTRY_ALLOW)
-except ValueError as _exc:
-    raise ImproperlyConfigured(f"TEMPLATE_REGISTRY_ALLOW: {_exc}") from None
+
+def _registry_allow() -> tuple[str, ...]:
+    """CIDRs, addresses and host names (templates/builds/egress.py reads them)."""
+    entries = tuple(e.strip() for e in env.list("TEMPLATE_REGISTRY_ALLOW", default=[]))
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            if not re.fullmatch(
+                r"(?=.{1,253}\.?$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+", entry
+            ):
+                raise ImproperlyConfigured(
+                    f"TEMPLATE_REGISTRY_ALLOW: {entry!r} is not a CIDR, an address or a host name"
+                ) from None
+    return tuple(e for e in entries if e)
+
+
+TEMPLATE_REGISTRY_ALLOW = _registry_allow()
 TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
 TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bfacade"))
 if not TEMPLATE_CACHE_DIR.is_absolute():

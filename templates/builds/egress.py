@@ -211,7 +211,7 @@ def run(
     subprocess.TimeoutExpired past ``timeout`` (the process killed), ConfinementFailed when
     it cannot be confined."""
     relay = _Relay(rules)
-    process, listeners = _spawn(argv, env, relay, forward)
+    process, listeners = _spawn(argv, env, forward)
     try:
         for listener, target in listeners:
             relay.serve(listener, target)
@@ -229,21 +229,21 @@ def run(
         relay.close()
 
 
+Listener = tuple[socket.socket, tuple[IPAddress, int] | None]  # None: the SOCKS proxy's
+
+
 def _spawn(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    relay: _Relay,
-    forward: Sequence[tuple[IPAddress, int]],
-) -> tuple[subprocess.Popen[bytes], list[tuple[socket.socket, tuple[IPAddress, int] | None]]]:
+    argv: Sequence[str], env: Mapping[str, str], forward: Sequence[tuple[IPAddress, int]]
+) -> tuple[subprocess.Popen[bytes], list[Listener]]:
     """On a fresh thread (``unshare`` changes the calling thread only, and the child
     inherits its namespace): a new network namespace, its loopback up, the listening
     sockets in it, and the child. The thread then ends; the namespace lives on in the
     child and the sockets."""
-    made: list[tuple[subprocess.Popen[bytes], list[tuple[socket.socket, object]]]] = []
+    made: list[tuple[subprocess.Popen[bytes], list[Listener]]] = []
     failed: list[str] = []
 
     def inside() -> None:
-        listeners: list[tuple[socket.socket, object]] = []
+        listeners: list[Listener] = []
         try:
             if _libc.unshare(CLONE_NEWNET) != 0:
                 code = ctypes.get_errno()
@@ -288,8 +288,7 @@ def _spawn(
     worker.join()
     if not made:
         raise ConfinementFailed(failed[0] if failed else "unknown failure")
-    child, listeners = made[0]
-    return child, [(s, t) for s, t in listeners]  # type: ignore[misc]
+    return made[0]
 
 
 def _loopback_up() -> None:

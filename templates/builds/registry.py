@@ -72,6 +72,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from templates.builds import egress
+from templates.builds.pull_errors import explain
 
 log = logging.getLogger(__name__)
 
@@ -531,51 +532,7 @@ def _skopeo(
     # skopeo's words may quote what a registry sent: the operator's log has them, the user
     # a message of ours.
     log.warning("skopeo failed for %s: %s", ref, said.strip()[-2000:])
-    raise PullFailed(_explain(ref, said, auth))
-
-
-# Every way a connection can fail, from the namespace (refused: nothing listens) or from the
-# proxy (its one SOCKS reply): one message, whatever the target was.
-UNREACHABLE_SIGNS = (
-    "socks connect",
-    "connection refused",
-    "connection reset",
-    "no such host",
-    "i/o timeout",
-    "network is unreachable",
-    "dial tcp",
-    "tls handshake timeout",
-    ": eof",
-)
-TLS_SIGNS = ("x509:", "tls:", "certificate")
-
-
-def _explain(ref: str, stderr: str, auth: RegistryAuth | None) -> str:
-    """skopeo's failure in the user's words: a message of ours, never skopeo's text (it may
-    quote a registry's answer); nothing of the credentials in it. Reachability is decided
-    first, so nothing a refused target could say changes the message."""
-    said = stderr.lower()
-    if any(s in said for s in UNREACHABLE_SIGNS):
-        return f"the registry for {ref!r} is unreachable"
-    if "server gave http response to https client" in said:
-        return f"the registry serves plain HTTP: cannot pull {ref!r} over HTTPS"
-    if any(s in said for s in TLS_SIGNS):
-        return f"the registry for {ref!r} is unreachable over verified HTTPS"
-    if "unauthorized" in said or "authentication required" in said or "denied" in said:
-        if auth is not None:
-            return f"the registry refused the credentials given for {ref!r}"
-        if "authentication required" in said:
-            return f"the registry requires credentials to pull {ref!r} (fromImageRegistry)"
-        # Docker Hub answers "denied" for a repository that does not exist, too.
-        return (
-            f"the registry refused to serve {ref!r}: it does not exist there, or it needs "
-            "credentials (fromImageRegistry)"
-        )
-    if "manifest unknown" in said or "name unknown" in said or "not found" in said:
-        return f"image {ref!r} was not found in the registry"
-    if "no image found in manifest list for architecture" in said:
-        return f"image {ref!r} has no variant for this machine's architecture"
-    return f"the registry's answer for {ref!r} could not be used (the server's log has details)"
+    raise PullFailed(explain(ref, said, with_credentials=auth is not None))
 
 
 def _redact(text: str, auth: RegistryAuth | None) -> str:
