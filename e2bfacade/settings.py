@@ -8,6 +8,7 @@ service. ``.env`` (beside manage.py) is read into the settings only, never into 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -235,9 +236,11 @@ VOLUME_MAX_MB_PER_TEAM = _positive_int("VOLUME_MAX_MB_PER_TEAM", 10 * 1024)
 VOLUME_TOKEN_SECONDS = _positive_int("VOLUME_TOKEN_SECONDS", 24 * 3600)
 
 # Template bases (templates/builds/): the registry every image pull goes to instead of the
-# image's own (http:// is plain HTTP, https:// verified; empty: none), the largest image a
-# pull accepts (its compressed layers, MB), and where pulled images (images/) and the
-# Debian bases (bases/) are cached.
+# image's own (http:// is plain HTTP, https:// verified; empty: none), what else a pull may
+# reach besides public addresses (CIDRs, addresses, host names: templates/builds/egress.py),
+# the largest image a pull accepts (its compressed layers, MB), where the Debian bases are
+# cached (bases/) and where pulled images are (this service's own: its teams' private
+# images are in it).
 TEMPLATE_REGISTRY_MIRROR = env.str("TEMPLATE_REGISTRY_MIRROR", default="").rstrip("/") or None
 if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
     r"^https?://[^/]+$", TEMPLATE_REGISTRY_MIRROR
@@ -246,6 +249,25 @@ if TEMPLATE_REGISTRY_MIRROR is not None and not re.match(
         "TEMPLATE_REGISTRY_MIRROR must be http://host[:port] or https://host[:port], "
         f"got {TEMPLATE_REGISTRY_MIRROR!r}"
     )
+
+
+def _registry_allow() -> tuple[str, ...]:
+    """CIDRs, addresses and host names (templates/builds/egress.py reads them)."""
+    entries = tuple(e.strip() for e in env.list("TEMPLATE_REGISTRY_ALLOW", default=[]))
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            if not re.fullmatch(
+                r"(?=.{1,253}\.?$)([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+", entry
+            ):
+                raise ImproperlyConfigured(
+                    f"TEMPLATE_REGISTRY_ALLOW: {entry!r} is not a CIDR, an address or a host name"
+                ) from None
+    return tuple(e for e in entries if e)
+
+
+TEMPLATE_REGISTRY_ALLOW = _registry_allow()
 TEMPLATE_IMAGE_MAX_MB = _positive_int("TEMPLATE_IMAGE_MAX_MB", 4096)
 # All of one team's template images together: the layers its builds captured, its
 # templates' files and final images (a build that would pass it ends error).
@@ -254,6 +276,13 @@ TEMPLATE_CACHE_DIR = Path(env.str("TEMPLATE_CACHE_DIR", default="/var/cache/e2bf
 if not TEMPLATE_CACHE_DIR.is_absolute():
     raise ImproperlyConfigured(
         f"TEMPLATE_CACHE_DIR must be an absolute path, got {str(TEMPLATE_CACHE_DIR)!r}"
+    )
+TEMPLATE_PULL_CACHE_DIR = Path(
+    env.str("TEMPLATE_PULL_CACHE_DIR", default=str(SANDBOX_ROOT / "pulled-images"))
+)
+if not TEMPLATE_PULL_CACHE_DIR.is_absolute():
+    raise ImproperlyConfigured(
+        f"TEMPLATE_PULL_CACHE_DIR must be an absolute path, got {str(TEMPLATE_PULL_CACHE_DIR)!r}"
     )
 # Admission (sandboxes/admission.py): sandboxes a team may have at once (0: no limit), and
 # how far the memory and disk given to live sandboxes may exceed what the host has.

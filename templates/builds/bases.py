@@ -1,7 +1,7 @@
 """Where a build starts: ``fromTemplate`` (a template or ``name:tag`` the team can use: its
 image and final context, no copy) or ``fromImage`` (an OCI image pulled from its registry,
-or from TEMPLATE_REGISTRY_MIRROR when set, and kept as a runtime image per digest: see
-:mod:`.registry`)."""
+or from TEMPLATE_REGISTRY_MIRROR when set, and kept as a runtime image per pull cache entry:
+per image and digest, and per team for a pull with credentials; see :mod:`.registry`)."""
 
 from __future__ import annotations
 
@@ -71,13 +71,13 @@ def _from_image(team_id: int, ref: str, auth: dict[str, Any] | None) -> Base:
             ref,
             auth=registry.RegistryAuth.from_wire(auth),
             mirror=settings.TEMPLATE_REGISTRY_MIRROR,
-            cache_dir=settings.TEMPLATE_CACHE_DIR / "images",
+            cache_dir=settings.TEMPLATE_PULL_CACHE_DIR,
+            team_id=team_id,
+            allow=settings.TEMPLATE_REGISTRY_ALLOW,
             max_mb=settings.TEMPLATE_IMAGE_MAX_MB,
         )
+        # Named by the cache entry: pulled with credentials, the image is the team's own.
         image_id = images.image_id_for(pulled)
-        if auth:
-            # Pulled with credentials: the team's own (another team must not get it unasked).
-            image_id = f"{image_id[:28]}-t{team_id}"
         info = images.import_pulled(get_runtime(), image_id, pulled)
     except registry.PullFailed as exc:
         raise BaseUnavailable(exc.message) from None

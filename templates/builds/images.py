@@ -30,8 +30,11 @@ COPY_TIMEOUT = 900.0
 
 
 def image_id_for(pulled: Pulled) -> str:
-    """A runtime image id for a pulled digest (the same digest, the same image)."""
-    return "pulled-" + pulled.digest.split(":", 1)[1][:24]
+    """A runtime image id for a pulled image: named by its cache entry (``Pulled.key``), so
+    it is shared exactly as the entry is — by every anonymous pull of that image and
+    digest, and only by its team for a pull with credentials (a digest alone would let a
+    team that serves another's manifest bytes reach the other's private image)."""
+    return "pulled-" + pulled.key[:24]
 
 
 def import_pulled(runtime: Runtime, image_id: str, pulled: Pulled) -> ImageInfo:

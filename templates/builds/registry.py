@@ -4,8 +4,22 @@
 (``debian:bookworm``, ``e2bdev/base``, ``ghcr.io/org/img:tag``, ``name@sha256:…``),
 resolves it to a manifest digest with ``skopeo inspect``, copies the image with
 ``skopeo copy`` into an OCI layout and flattens its layers with ``umoci raw unpack`` (as
-root, owners are kept). The flattened tree is cached by digest: a second pull of the same
-digest costs the inspect only. ``images.import_pulled`` makes a runtime image of it.
+root, owners are kept). ``images.import_pulled`` makes a runtime image of it.
+
+**Where skopeo may connect** (:mod:`.egress`): every connection it makes, redirects and
+token realms included, goes through a proxy of this process that resolves the name once
+and allows the mirror, the operator's allowance (``TEMPLATE_REGISTRY_ALLOW``) and public
+addresses only: never this host's loopback, its own addresses or private ranges otherwise.
+Whatever the reason a registry cannot be reached (refused, closed, silent, unresolvable),
+the user reads one message; no body a registry or a redirect's target sent is ever quoted
+back (skopeo's own words go to the service's log).
+
+**The cache** keeps the flattened tree under a key of where it was pulled from (registry
+and repository, as pulled: the mirror's path when there is one) and the manifest digest,
+and for a pull with credentials the team too. A second pull of the same key costs the
+inspect only, and the inspect is always made, with the caller's own credentials: a team
+that serves another's manifest bytes from its own registry, or names the other's image
+without its credentials, never gets the other's files.
 
 **References** are normalised as Docker does: a first component with a ``.`` or ``:``, or
 ``localhost``, names a registry, otherwise the image is Docker Hub's (``docker.io``);
@@ -51,11 +65,14 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from templates.builds import egress
+from templates.builds.pull_errors import explain
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +161,7 @@ class Pulled:
 
     ref: str  # the normalised reference
     digest: str
+    key: str  # the cache entry's name: who may share it (see the module's docstring)
     rootfs: Path
     env: Mapping[str, str]
     user: str
@@ -218,35 +236,57 @@ def authfile(host: str, auth: RegistryAuth | None) -> Iterator[list[str]]:
             path.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class _Route:
+    """How skopeo reaches the registry of one pull: TLS, its credentials' arguments, and
+    where it may connect."""
+
+    tls: str
+    auth_args: list[str]
+    rules: egress.Rules
+    forward: list[tuple[egress.IPAddress, int]]
+
+
 def pull(
     ref: str,
     *,
     auth: RegistryAuth | None,
     mirror: str | None,
     cache_dir: Path,
+    team_id: int,
+    allow: Sequence[str] = (),
     max_mb: int = DEFAULT_MAX_MB,
 ) -> Pulled:
-    """Pull ``ref`` (from ``mirror`` when set) into ``cache_dir``, or find its digest
-    there. Raises PullFailed with a user-facing message. Safe to call concurrently: one
-    puller per digest copies, the others wait for it."""
+    """Pull ``ref`` (from ``mirror`` when set) into ``cache_dir``, or find it there, for
+    team ``team_id`` (the owner of what a pull with ``auth`` caches). ``allow``: what the
+    pull may reach besides public addresses and the mirror (:class:`egress.Rules`). Raises
+    PullFailed with a user-facing message. Safe to call concurrently: one puller per cache
+    entry copies, the others wait for it."""
     image = parse_ref(ref)
     source = image.source(mirror)
     host = source.split("/", 1)[0]
     tls = "true"
+    scheme = "https"
     if mirror is not None and urlsplit(mirror).scheme == "http":
-        tls = "false"
+        tls, scheme = "false", "http"
+    try:
+        rules = egress.Rules.of(mirror=mirror, allow=allow)
+    except ValueError as exc:
+        raise PullFailed(f"TEMPLATE_REGISTRY_ALLOW: {exc}") from None
+    parts = urlsplit(f"//{host}")
+    forward = egress.loopback_targets(
+        parts.hostname or host, parts.port or egress.default_port(scheme), rules
+    )
     cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with authfile(host, auth) as auth_args:
-        if not auth_args:
-            auth_args = ["--no-creds"]
-        digest, manifest = _resolve(
-            source, tls=tls, auth_args=auth_args, ref=ref, auth=auth, scratch=cache_dir
-        )
+        route = _Route(tls, auth_args or ["--no-creds"], rules, forward)
+        digest, manifest = _resolve(source, route=route, ref=ref, auth=auth, scratch=cache_dir)
         try:
             sizes = [int(layer["size"]) for layer in manifest["layers"]]
         except (KeyError, TypeError, ValueError):
             raise PullFailed(f"the registry's manifest of {ref!r} lists no layer sizes") from None
-        entry = cache_dir / digest.replace(":", "-")
+        name = source.rsplit("@", 1)[0] if image.digest else source.rsplit(":", 1)[0]
+        entry = cache_dir / cache_key(name, digest, team_id=team_id if auth else None)
         if (entry / "image.json").exists():
             return _pulled(image, entry, cached=True)
         compressed = sum(sizes)
@@ -260,10 +300,16 @@ def pull(
                 return _pulled(image, entry, cached=True)
             # By digest, not tag: what is copied is what was inspected and sized, even if
             # the tag moves meanwhile.
-            by_digest = source.rsplit("@", 1)[0] if image.digest else source.rsplit(":", 1)[0]
-            _fetch(f"{by_digest}@{digest}", entry, tls=tls, auth_args=auth_args, ref=ref, auth=auth)
+            _fetch(f"{name}@{digest}", entry, digest=digest, route=route, ref=ref, auth=auth)
     log.info("pulled %s (%s, %d bytes compressed)", image, digest, compressed)
     return _pulled(image, entry, cached=False)
+
+
+def cache_key(name: str, digest: str, *, team_id: int | None) -> str:
+    """The cache entry of image ``name`` (``host/repository`` as pulled) at ``digest``:
+    shared by every anonymous pull of it, the team's own for a pull with credentials."""
+    scope = f"{name}@{digest}" + (f"#team={team_id}" if team_id is not None else "")
+    return hashlib.sha256(scope.encode()).hexdigest()
 
 
 INDEX_TYPES = (
@@ -275,8 +321,7 @@ INDEX_TYPES = (
 def _resolve(
     source: str,
     *,
-    tls: str,
-    auth_args: list[str],
+    route: _Route,
     ref: str,
     auth: RegistryAuth | None,
     scratch: Path,
@@ -287,7 +332,14 @@ def _resolve(
     target = source
     for _ in range(2):  # an image, or an index and then its image
         raw = _skopeo(
-            ["inspect", "--raw", f"--tls-verify={tls}", *auth_args, f"docker://{target}"],
+            [
+                "inspect",
+                "--raw",
+                f"--tls-verify={route.tls}",
+                *route.auth_args,
+                f"docker://{target}",
+            ],
+            route=route,
             timeout=INSPECT_TIMEOUT,
             ref=ref,
             auth=auth,
@@ -324,7 +376,13 @@ def architecture() -> str:
 
 
 def _fetch(
-    source: str, entry: Path, *, tls: str, auth_args: list[str], ref: str, auth: RegistryAuth | None
+    source: str,
+    entry: Path,
+    *,
+    digest: str,
+    route: _Route,
+    ref: str,
+    auth: RegistryAuth | None,
 ) -> None:
     """Copy, flatten and publish ``source`` as cache entry ``entry`` (by rename: a reader
     never sees half an entry)."""
@@ -333,18 +391,19 @@ def _fetch(
     tmp.mkdir(mode=0o700)
     try:
         layout = tmp / "oci"
-        copy_args = [a.replace("--authfile", "--src-authfile") for a in auth_args]
+        copy_args = [a.replace("--authfile", "--src-authfile") for a in route.auth_args]
         copy_args = [a.replace("--no-creds", "--src-no-creds") for a in copy_args]
         started = time.monotonic()
         _skopeo(
             [
                 "copy",
                 "--quiet",
-                f"--src-tls-verify={tls}",
+                f"--src-tls-verify={route.tls}",
                 *copy_args,
                 f"docker://{source}",
                 f"oci:{layout}:img",
             ],
+            route=route,
             timeout=COPY_TIMEOUT,
             ref=ref,
             auth=auth,
@@ -362,7 +421,7 @@ def _fetch(
                 ", ".join(dropped[:20]),
             )
         shutil.rmtree(layout)
-        (tmp / "image.json").write_text(json.dumps(config))
+        (tmp / "image.json").write_text(json.dumps({**config, "digest": digest}))
         log.info("%s: copy %.1f s, unpack %.1f s", ref, copied - started, time.monotonic() - copied)
         os.rename(tmp, entry)
     finally:
@@ -425,7 +484,8 @@ def _pulled(image: ImageRef, entry: Path, *, cached: bool) -> Pulled:
     meta = json.loads((entry / "image.json").read_text())
     return Pulled(
         ref=str(image),
-        digest=entry.name.replace("-", ":", 1),
+        digest=str(meta["digest"]),
+        key=entry.name,
         rootfs=entry / "rootfs",
         env=dict(meta["env"]),
         user=meta["user"],
@@ -438,66 +498,47 @@ def _pulled(image: ImageRef, entry: Path, *, cached: bool) -> Pulled:
 
 
 def _skopeo(
-    args: list[str], *, timeout: float, ref: str, auth: RegistryAuth | None, scratch: Path
+    args: list[str],
+    *,
+    route: _Route,
+    timeout: float,
+    ref: str,
+    auth: RegistryAuth | None,
+    scratch: Path,
 ) -> bytes:
-    """Run skopeo with a clean environment, and a HOME and TMPDIR of its own in ``scratch``
-    (beside the cache: a copy's temporary blobs can be large, and /tmp may be memory)."""
+    """Run skopeo confined to ``route.rules`` (:mod:`.egress`), with a clean environment,
+    and a HOME and TMPDIR of its own in ``scratch`` (beside the cache: a copy's temporary
+    blobs can be large, and /tmp may be memory)."""
     argv = ["skopeo", "--insecure-policy", f"--command-timeout={int(timeout)}s", *args]
     with tempfile.TemporaryDirectory(prefix=".skopeo-", dir=scratch) as home:
         try:
-            done = subprocess.run(
+            done = egress.run(
                 argv,
-                capture_output=True,
-                timeout=timeout + 10,
                 env={**CLEAN_ENV, "HOME": home, "TMPDIR": home},
-                stdin=subprocess.DEVNULL,
+                timeout=timeout + 10,
+                rules=route.rules,
+                forward=route.forward,
             )
         except subprocess.TimeoutExpired:
             raise PullFailed(f"pulling {ref!r} took over {timeout:.0f} s and was stopped") from None
+        except egress.ConfinementFailed as exc:
+            log.error("cannot confine skopeo for %s: %s", ref, exc)
+            raise PullFailed(
+                f"this server cannot pull {ref!r}: its puller could not be started"
+            ) from None
     if done.returncode == 0:
         return done.stdout  # bytes as the registry sent them: a manifest's digest is theirs
-    raise PullFailed(_explain(ref, done.stderr.decode(errors="replace"), auth))
+    said = _redact(done.stderr.decode(errors="replace"), auth)
+    # skopeo's words may quote what a registry sent: the operator's log has them, the user
+    # a message of ours.
+    log.warning("skopeo failed for %s: %s", ref, said.strip()[-2000:])
+    raise PullFailed(explain(ref, said, with_credentials=auth is not None))
 
 
-def _explain(ref: str, stderr: str, auth: RegistryAuth | None) -> str:
-    """skopeo's failure in the user's words; nothing of the credentials in it."""
-    said = stderr.lower()
-    if "unauthorized" in said or "authentication required" in said or "denied" in said:
-        if auth is not None:
-            return f"the registry refused the credentials given for {ref!r}"
-        if "authentication required" in said:
-            return f"the registry requires credentials to pull {ref!r} (fromImageRegistry)"
-        # Docker Hub answers "denied" for a repository that does not exist, too.
-        return (
-            f"the registry refused to serve {ref!r}: it does not exist there, or it needs "
-            "credentials (fromImageRegistry)"
-        )
-    if "manifest unknown" in said or "name unknown" in said or "not found" in said:
-        return f"image {ref!r} was not found in the registry"
-    if "server gave http response to https client" in said:
-        return f"the registry serves plain HTTP: cannot pull {ref!r} over HTTPS"
-    if any(
-        s in said
-        for s in (
-            "connection refused",
-            "no such host",
-            "i/o timeout",
-            "network is unreachable",
-            "dial tcp",
-        )
-    ):
-        return f"the registry for {ref!r} is unreachable"
-    if "no image found in manifest list for architecture" in said:
-        return f"image {ref!r} has no variant for this machine's architecture"
-    tail = stderr.strip().splitlines()[-1:] or ["(no message)"]
-    text = tail[0][-400:]
-    if auth is not None:
-        text = (
-            text.replace(auth.password, "***").replace(auth.username, "***")
-            if auth.password
-            else text
-        )
-    return f"cannot pull {ref!r}: {text}"
+def _redact(text: str, auth: RegistryAuth | None) -> str:
+    if auth is None or not auth.password:
+        return text
+    return text.replace(auth.password, "***").replace(auth.username, "***")
 
 
 def _run_umoci(args: list[str], *, ref: str) -> None:

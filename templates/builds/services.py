@@ -9,6 +9,7 @@ with another body of a build already started is E2B's 400.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import uuid
 from dataclasses import dataclass
@@ -264,6 +265,26 @@ def _registry_auth(body: dict[str, Any]) -> bytes | None:
     return crypto.encrypt(json.dumps(auth).encode())
 
 
+def spec_digest(spec: dict[str, Any], registry_auth: object) -> str:
+    """What recognises a replay of a trigger while its build runs: an HMAC of the spec and
+    the credentials under a key derived from SECRET_KEY (as the service derives its other
+    keys), so the stored value cannot be used to test guessed passwords without the secret.
+    Cleared when the build ends (``finish_error``, the worker's ready)."""
+    key = hashlib.sha256(b"e2bfacade.build-spec:" + settings.SECRET_KEY.encode()).digest()
+    message = json.dumps([spec, registry_auth], sort_keys=True).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def _is_replay(build: TemplateBuild, spec: dict[str, Any], digest: str) -> bool:
+    """Whether a trigger of a build no longer waiting is the one that started it: by its
+    digest while it runs; once it has ended, by its spec alone (nothing of the credentials
+    is kept then, so a replay with other credentials is answered the same — it starts
+    nothing)."""
+    if build.spec_digest:
+        return hmac.compare_digest(build.spec_digest, digest)
+    return build.status in (BuildStatus.READY, BuildStatus.ERROR) and build.spec == spec
+
+
 def build_trigger(
     *, team: Team, template_ref: str, build_id: str, body: dict[str, Any]
 ) -> TemplateBuild:
@@ -271,9 +292,7 @@ def build_trigger(
     ``building`` (the build worker takes it from there); the running builds of the same
     template are canceled."""
     spec = spec_of(body)
-    digest = hashlib.sha256(
-        json.dumps([spec, body.get("fromImageRegistry")], sort_keys=True).encode()
-    ).hexdigest()
+    digest = spec_digest(spec, body.get("fromImageRegistry"))
     auth = _registry_auth(body)
     # The host whose API received the trigger holds the build's archives (the SDK uploads
     # them through the same API): only its build workers claim the build. Read before the
@@ -283,7 +302,7 @@ def build_trigger(
         build = resolve_build(team=team, template_ref=template_ref, build_id=build_id)
         build = TemplateBuild.objects.select_for_update().get(pk=build.pk)
         if build.status != BuildStatus.WAITING:
-            if build.spec_digest == digest:
+            if _is_replay(build, spec, digest):
                 return build  # a replay of the trigger that started it
             raise BadRequest("build is not in waiting state")
         for running in TemplateBuild.objects.select_for_update().filter(
@@ -315,6 +334,7 @@ def finish_error(
         reason={"message": message, **({"step": step} if step else {})},
         finished_at=now,
         registry_auth=None,
+        spec_digest="",
         lease_owner="",
         lease_until=None,
     )

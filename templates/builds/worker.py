@@ -401,6 +401,7 @@ def _finish_ready(
             context=context.as_json(),
             finished_at=timezone.now(),
             registry_auth=None,
+            spec_digest="",  # derived from the credentials: not kept after the build
             lease_owner="",
             lease_until=None,
         )

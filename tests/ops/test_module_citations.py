@@ -53,7 +53,7 @@ def resolves(name: str, citing: Path, tails: set[str]) -> bool:
 
 def path_tails(files: list[Path]) -> set[str]:
     """Every trailing part of every file's path: ``a/b/c.py`` gives ``b/c.py`` and ``c.py``."""
-    tails = set()
+    tails: set[str] = set()
     for path in files:
         parts = path.relative_to(REPO).parts
         tails.update("/".join(parts[i:]) for i in range(len(parts)))

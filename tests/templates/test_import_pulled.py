@@ -31,7 +31,7 @@ def _sandbox(rt: LocalRuntime, image_id: str) -> str:
 def test_a_pulled_image_runs_commands_as_root_and_as_user(
     ref: str, registry_url: str, shared_pull_cache: Path, local_runtime: LocalRuntime
 ) -> None:
-    pulled = pull(ref, auth=None, mirror=registry_url, cache_dir=shared_pull_cache)
+    pulled = pull(ref, auth=None, mirror=registry_url, cache_dir=shared_pull_cache, team_id=1)
     image_id = image_id_for(pulled)
     info = import_pulled(local_runtime, image_id, pulled)
     assert info.image_id == image_id and info.parent is None and info.size_bytes > 10_000_000
@@ -77,7 +77,9 @@ def test_a_pulled_image_runs_commands_as_root_and_as_user(
 def test_an_image_of_the_same_id_is_kept(
     registry_url: str, shared_pull_cache: Path, local_runtime: LocalRuntime
 ) -> None:
-    pulled = pull("debian:bookworm", auth=None, mirror=registry_url, cache_dir=shared_pull_cache)
+    pulled = pull(
+        "debian:bookworm", auth=None, mirror=registry_url, cache_dir=shared_pull_cache, team_id=1
+    )
     first = import_pulled(local_runtime, image_id_for(pulled), pulled)
     started = time.monotonic()
     again = import_pulled(local_runtime, image_id_for(pulled), pulled)
@@ -99,6 +101,7 @@ def test_device_nodes_fifos_and_sockets_are_left_out(
     pulled = Pulled(
         ref="docker.io/library/handmade:latest",
         digest="sha256:" + "0" * 64,
+        key="0" * 64,
         rootfs=rootfs,
         env={},
         user="",

@@ -21,7 +21,9 @@ from tests.templates.conftest import REGISTRY_PASSWORD, REGISTRY_USER
 def test_a_pull_gives_the_flattened_root_and_the_image_config(
     registry_url: str, pull_cache: Path
 ) -> None:
-    pulled = pull("debian:bookworm", auth=None, mirror=registry_url, cache_dir=pull_cache)
+    pulled = pull(
+        "debian:bookworm", auth=None, mirror=registry_url, cache_dir=pull_cache, team_id=1
+    )
     assert pulled.ref == "docker.io/library/debian:bookworm"
     assert pulled.digest.startswith("sha256:") and not pulled.cached
     assert pulled.env["PATH"].startswith("/usr/local/sbin:")
@@ -37,22 +39,28 @@ def test_a_pull_gives_the_flattened_root_and_the_image_config(
 def test_a_second_pull_of_the_same_digest_is_only_an_inspect(
     registry_url: str, pull_cache: Path
 ) -> None:
-    first = pull("debian:12", auth=None, mirror=registry_url, cache_dir=pull_cache)
+    first = pull("debian:12", auth=None, mirror=registry_url, cache_dir=pull_cache, team_id=1)
     started = time.monotonic()
     again = pull(
-        "docker.io/library/debian:bookworm", auth=None, mirror=registry_url, cache_dir=pull_cache
+        "docker.io/library/debian:bookworm",
+        auth=None,
+        mirror=registry_url,
+        cache_dir=pull_cache,
+        team_id=1,
     )
     took = time.monotonic() - started
     assert again.cached and again.digest == first.digest and again.rootfs == first.rootfs
     assert took < 3, took  # an uncached pull of it takes ~8 s here
-    by_digest = pull(f"debian@{first.digest}", auth=None, mirror=registry_url, cache_dir=pull_cache)
+    by_digest = pull(
+        f"debian@{first.digest}", auth=None, mirror=registry_url, cache_dir=pull_cache, team_id=1
+    )
     assert by_digest.cached and by_digest.digest == first.digest
 
 
 def test_a_name_the_registry_lacks_is_a_clear_error(registry_url: str, pull_cache: Path) -> None:
     for ref in ("alpine:3.19", "debian:trixie", "ghcr.io/someone/else:1"):
         with pytest.raises(PullFailed) as caught:
-            pull(ref, auth=None, mirror=registry_url, cache_dir=pull_cache)
+            pull(ref, auth=None, mirror=registry_url, cache_dir=pull_cache, team_id=1)
         assert caught.value.message == f"image {ref!r} was not found in the registry"
     assert not [p for p in pull_cache.iterdir() if not p.name.startswith(".")]
 
@@ -60,7 +68,7 @@ def test_a_name_the_registry_lacks_is_a_clear_error(registry_url: str, pull_cach
 def test_an_unreachable_registry_is_a_clear_error(pull_cache: Path) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(PullFailed) as caught:
-        pull("debian:bookworm", auth=None, mirror=nobody, cache_dir=pull_cache)
+        pull("debian:bookworm", auth=None, mirror=nobody, cache_dir=pull_cache, team_id=1)
     assert caught.value.message == "the registry for 'debian:bookworm' is unreachable"
 
 
@@ -68,7 +76,14 @@ def test_an_image_over_the_size_limit_is_refused_before_it_is_copied(
     registry_url: str, pull_cache: Path
 ) -> None:
     with pytest.raises(PullFailed) as caught:
-        pull("e2bdev/base", auth=None, mirror=registry_url, cache_dir=pull_cache, max_mb=20)
+        pull(
+            "e2bdev/base",
+            auth=None,
+            mirror=registry_url,
+            cache_dir=pull_cache,
+            team_id=1,
+            max_mb=20,
+        )
     assert "MB compressed, over this server's limit of 20 MB (TEMPLATE_IMAGE_MAX_MB)" in (
         caught.value.message
     )
@@ -117,7 +132,11 @@ def test_right_credentials_pull_and_the_password_shows_nowhere(
     auth = RegistryAuth(REGISTRY_USER, REGISTRY_PASSWORD)
     with ArgvWatch() as watch:
         pulled = pull(
-            "debian:bookworm", auth=auth, mirror=private_registry_url, cache_dir=pull_cache
+            "debian:bookworm",
+            auth=auth,
+            mirror=private_registry_url,
+            cache_dir=pull_cache,
+            team_id=1,
         )
     assert pulled.digest.startswith("sha256:")
     assert watch.skopeo_pids, "the watch saw no skopeo process: it checked nothing"
@@ -133,12 +152,24 @@ def test_wrong_or_missing_credentials_are_a_clear_error(
 ) -> None:
     wrong = RegistryAuth(REGISTRY_USER, "not-" + REGISTRY_PASSWORD)
     with pytest.raises(PullFailed) as caught:
-        pull("debian:bookworm", auth=wrong, mirror=private_registry_url, cache_dir=pull_cache)
+        pull(
+            "debian:bookworm",
+            auth=wrong,
+            mirror=private_registry_url,
+            cache_dir=pull_cache,
+            team_id=1,
+        )
     assert (
         caught.value.message == "the registry refused the credentials given for 'debian:bookworm'"
     )
     with pytest.raises(PullFailed) as caught:
-        pull("debian:bookworm", auth=None, mirror=private_registry_url, cache_dir=pull_cache)
+        pull(
+            "debian:bookworm",
+            auth=None,
+            mirror=private_registry_url,
+            cache_dir=pull_cache,
+            team_id=1,
+        )
     assert caught.value.message == (
         "the registry requires credentials to pull 'debian:bookworm' (fromImageRegistry)"
     )
