@@ -5,7 +5,7 @@ worker (docs/templates.md, "Uploads").
 
 The URL is checked and the body's declared size reserved (``files.upload_claim``, on a
 thread: it reads and writes the database) before a byte of the body is read: a refusal is
-answered at once and the connection closed with the body unread. An accepted body streams
+answered at once, and the body's bytes that still come are dropped. An accepted body streams
 through a :class:`streams.Feed` to the writing thread (``files.upload_write``) into the
 team's directory. A body that moves less than 64 KiB in DATAPLANE_BODY_IDLE_SECONDS, or
 that is still arriving TEMPLATE_UPLOAD_SECONDS after the claim, is cut with a 408; a
@@ -70,13 +70,18 @@ def _length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
-async def _refuse(send: Send, exc: ApiError) -> None:
-    """The error, and the connection closed after it: the body is left unread."""
+async def _refuse(send: Send, exc: ApiError, *, close: bool = False) -> None:
+    """The error, answered at once, whatever is left of the body. Left open, the connection
+    drops the rest of the body as it comes (uvicorn reads a finished request's rest
+    itself; nothing of it is kept), and the front closes it once it has the answer: closed
+    here with the body's bytes unread, the kernel would reset it, and nginx, still sending,
+    would lose the answer and tell its client something else. ``close``: for a body that
+    stalled, where nothing is left to read."""
     body = json_body(exc.status, exc.message)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
+        *([(b"connection", b"close")] if close else []),
         *((k.lower().encode(), v.encode()) for k, v in exc.headers.items()),
     ]
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
@@ -115,7 +120,7 @@ async def upload(scope: Scope, receive: Receive, send: Send) -> None:
         return
     except BodyStopped as exc:
         stopped = _stopped(exc.idle)
-        await _refuse(send, ApiError(stopped.message, status=stopped.status))
+        await _refuse(send, ApiError(stopped.message, status=stopped.status), close=True)
         return
     except BodyCut:
         return  # no one to answer
