@@ -9,6 +9,13 @@ only ever meets a complete request and never waits on a client. gunicorn then li
 unix socket in the front's directory, reachable by nginx's workers and the service's user
 alone; nginx listens on ``--bind``.
 
+One path is not gunicorn's: ``PUT /templates/uploads/...`` (the Template SDK's COPY
+archives, up to a GiB each) goes to the data plane, unbuffered. There the upload URL is
+checked and the body's size reserved before any of it is read, and the body streams to its
+place on an event loop, bounded in time (sandboxes/dataplane/template_uploads.py): spooled
+here first, anyone could fill the host's disk with bodies under forged URLs, and streamed
+through a sync worker, a slow sender would hold that worker.
+
 What nginx itself answers (a request line or header too long, a body over the limit, a
 client too slow, gunicorn down) is in E2B's error shape, ``{"code": ..., "message": ...}``,
 as the SDKs expect of every error (:func:`_errors`). Everything gunicorn answers passes
@@ -124,7 +131,15 @@ class Front:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def make(host: str, port: int, body_limit: int, upload_limit: int = 0) -> Front:
+def make(
+    host: str,
+    port: int,
+    body_limit: int,
+    *,
+    uploads: tuple[str, int],
+    upload_limit: int,
+    upload_seconds: int,
+) -> Front:
     """A fresh front directory for ``host:port``, with its nginx configuration.
 
     It is private to this process's user, except that when running as root nginx's workers
@@ -143,7 +158,18 @@ def make(host: str, port: int, body_limit: int, upload_limit: int = 0) -> Front:
         os.chown(directory, 0, account.pw_gid)
         os.chmod(directory, 0o710)
     front = Front(directory)
-    front.conf.write_text(config(front, host, port, body_limit, worker, upload_limit))
+    front.conf.write_text(
+        config(
+            front,
+            host,
+            port,
+            body_limit,
+            worker,
+            uploads=uploads,
+            upload_limit=upload_limit,
+            upload_seconds=upload_seconds,
+        )
+    )
     return front
 
 
@@ -152,6 +178,12 @@ def _quoted(text: str) -> str:
     if any(c in text for c in "'\\$"):
         raise ValueError(f"not a literal nginx string: {text!r}")
     return f"'{text}'"
+
+
+def _upstream(host: str, port: int) -> str:
+    """Where to reach a server listening on ``host:port`` from this host."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(host, host)
+    return _listen(host, port)
 
 
 def _listen(host: str, port: int) -> str:
@@ -166,11 +198,15 @@ def config(
     port: int,
     body_limit: int,
     worker: tuple[str, str] | None,
-    upload_limit: int = 0,
+    *,
+    uploads: tuple[str, int],
+    upload_limit: int,
+    upload_seconds: int,
 ) -> str:
     """nginx's configuration for a front on ``host:port`` passing to ``front.socket``;
-    ``upload_limit``: the body limit of template file uploads (the SDK's COPY archives,
-    TEMPLATE_FILE_MAX_MB), which nginx spools to its disk before gunicorn reads them."""
+    ``uploads``: the data plane's address, where template file uploads go unbuffered, with
+    their body limit (``upload_limit``, TEMPLATE_FILE_MAX_MB) and their deadline
+    (``upload_seconds``, TEMPLATE_UPLOAD_SECONDS, the data plane's to enforce)."""
     errors = _errors(body_limit)
     pages = []
     locations = []
@@ -231,12 +267,17 @@ http {{
         listen {_listen(host, port)} backlog=2048;
         server_name _;
 
+        # Template file uploads: to the data plane, as they arrive (never spooled here).
+        # It answers a refused URL before reading the body, and ends a slow one itself.
         location /templates/uploads/ {{
             client_max_body_size {max(upload_limit, body_limit)};
-            proxy_pass http://unix:{front.socket}:;
+            proxy_pass http://{_upstream(*uploads)};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
             proxy_set_header Host $api_host;
-            proxy_request_buffering on;
-            proxy_read_timeout {UPSTREAM_SECONDS}s;
+            proxy_request_buffering off;
+            proxy_send_timeout {upload_seconds + UPSTREAM_SECONDS}s;
+            proxy_read_timeout {upload_seconds + UPSTREAM_SECONDS}s;
             proxy_intercept_errors off;
         }}
 

@@ -475,6 +475,16 @@ TEMPLATE_FILES_MAX_MB_PER_TEAM = _positive_int("TEMPLATE_FILES_MAX_MB_PER_TEAM",
 TEMPLATE_FILES_KEEP_DAYS = _positive_int("TEMPLATE_FILES_KEEP_DAYS", 7)
 # How long an upload URL handed to the SDK stays valid (E2B: 30 minutes).
 TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
+# An upload's whole body must arrive within this (and 64 KiB of it within every
+# DATAPLANE_BODY_IDLE_SECONDS), or it is cut with a 408 and leaves nothing. The SDKs give an
+# upload an hour.
+TEMPLATE_UPLOAD_SECONDS = _positive_int("TEMPLATE_UPLOAD_SECONDS", 3600)
+# Uploads streaming at once: per team, and for the service (count and declared bytes). What
+# an upload declares is reserved before its first byte is read; past a bound it is refused
+# (429 for the team's count, 503 with Retry-After for the service's) without reading it.
+TEMPLATE_UPLOADS_PER_TEAM = _positive_int("TEMPLATE_UPLOADS_PER_TEAM", 8)
+TEMPLATE_UPLOADS_IN_FLIGHT = _positive_int("TEMPLATE_UPLOADS_IN_FLIGHT", 64)
+TEMPLATE_UPLOADS_IN_FLIGHT_MB = _positive_int("TEMPLATE_UPLOADS_IN_FLIGHT_MB", 8192)
 # The base of the upload URLs (what clients reach this API at); empty: the request's own.
 E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
 # Builds of one team in waiting or building at once (E2B answers 429 past its limit).

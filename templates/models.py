@@ -266,6 +266,41 @@ class BuildFile(models.Model):
         return f"{self.team_id}/{self.files_hash}"
 
 
+class UploadClaim(models.Model):
+    """The one use of a signed upload URL, and what it reserves while its body streams in.
+
+    The row is inserted before any body byte is read: its unique ``signature`` makes the
+    URL single-use (a second PUT, concurrent or later, meets the constraint), and while it
+    is ``IN_FLIGHT`` its ``size_bytes`` count against the team's archive quota and the
+    service's in-flight bounds (templates/builds/files.py, ``upload_claim``). An in-flight
+    row past its ``deadline`` reserves nothing: the process that streamed it died, since a
+    live one ends every upload by then. Rows go once their URL has expired (the signature
+    then refuses it anyway)."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        STORED = "stored"
+        FAILED = "failed"
+
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="+")
+    files_hash = models.CharField(max_length=64)
+    signature = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_FLIGHT)
+    deadline = models.DateTimeField()
+    url_expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["signature"], name="upload_claim_single_use")
+        ]
+        indexes = [models.Index(fields=["state", "deadline"], name="upload_claim_in_flight")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.files_hash} ({self.state})"
+
+
 class LayerCacheEntry(models.Model):
     """A build step's result, keyed by E2B's hash chain within a team: the image after the
     step and the context (user, workdir, env) the next step starts from."""

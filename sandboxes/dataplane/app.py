@@ -1,7 +1,9 @@
 """The data plane's ASGI application: finds the sandbox a request is for, checks that the
 caller may reach it, and hands the request to envd's services (``process.Process``,
 ``filesystem.Filesystem``, ``/files``, ``/health``) or to the sandbox's port. Requests under
-``/volumecontent/`` are E2B's volume content API, for no sandbox (``volumes``).
+``/volumecontent/`` are E2B's volume content API, for no sandbox (``volumes``); requests
+under ``/templates/uploads/`` are the Template SDK's COPY archives, which the front routes
+here so that their bodies stream without nginx spooling them (``template_uploads``).
 
 Run it with ``python manage.py serve`` (all of the service) or, alone, with
 ``uvicorn sandboxes.dataplane.app:application``.
@@ -36,7 +38,7 @@ from e2bfacade.runtime.base import (  # noqa: E402
 )
 from e2bfacade.runtime.guest import Guest  # noqa: E402
 from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
-from sandboxes.dataplane import liveness, streams, volumes  # noqa: E402
+from sandboxes.dataplane import liveness, streams, template_uploads, volumes  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
 from sandboxes.dataplane.filesystem import FilesystemService  # noqa: E402
 from sandboxes.dataplane.ports import forward  # noqa: E402
@@ -226,6 +228,10 @@ def _signed_target(scope: Scope) -> Target | None:
 async def application(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         await _lifespan(receive, send)
+        return
+    if scope.get("path", "").startswith(template_uploads.PREFIX):
+        # The Template SDK's COPY archives, routed here by the front: for no sandbox.
+        await template_uploads.upload(scope, receive, send)
         return
     if scope.get("path", "").startswith(volumes.PREFIX):
         # E2B's volume content API: a volume's token, no sandbox (sandboxes/dataplane/volumes).

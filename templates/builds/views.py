@@ -207,7 +207,12 @@ class TagViewSet(viewsets.ViewSet):
 
 class UploadView(APIView):
     """``PUT`` of a COPY archive to the signed URL ``file_link`` answered: the URL is the
-    credential (the SDK's upload client sends no API key)."""
+    credential (the SDK's upload client sends no API key), good for one upload.
+
+    Behind the front (``manage.py serve``) these PUTs go to the data plane, which streams
+    them without holding a worker (sandboxes/dataplane/template_uploads.py); this view
+    serves them when gunicorn runs alone (``--no-front``). Either way the claim comes
+    before the first byte of the body is read."""
 
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
@@ -217,18 +222,17 @@ class UploadView(APIView):
     @extend_schema(
         operation_id="putTemplateFiles",
         request=OpenApiTypes.BINARY,
-        responses={200: None, **errors(400, 403, 413)},
+        responses={200: None, **errors(400, 403, 408, 411, 413, 429, 503)},
     )
     def put(self, request: Request, team_id: str, files_hash: str) -> Response:
         if not team_id.isdigit():
             raise NotFound("no such upload")
-        files.check_upload(
-            int(team_id),
-            files_hash,
-            request.query_params.get("expires", ""),
-            request.query_params.get("signature", ""),
-        )
         raw = request.META.get("CONTENT_LENGTH") or ""
-        length = int(raw) if raw.isdigit() else None
-        files.store(int(team_id), files_hash, request._request, length)
+        upload = files.upload_claim(
+            team_id=int(team_id),
+            files_hash=files_hash,
+            query=request.query_params,
+            length=int(raw) if raw.isdigit() else None,
+        )
+        files.upload_write(upload, files.chunks_of(request._request, upload.size))
         return Response(status=status.HTTP_200_OK)

@@ -67,8 +67,8 @@ def _nothing_stored(raw: httpx.Client, link: Link) -> None:
     assert file_link(raw, link.template_id, link.digest)["present"] is False
 
 
-def _sign(server: LiveServer, team: str, digest: str, expires: int) -> str:
-    message = f"template-upload:{team}:{digest}:{expires}".encode()
+def _sign(server: LiveServer, team: str, digest: str, expires: int, nonce: str) -> str:
+    message = f"template-upload:{team}:{digest}:{expires}:{nonce}".encode()
     return hmac.new(server.env["SECRET_KEY"].encode(), message, hashlib.sha256).hexdigest()
 
 
@@ -117,14 +117,14 @@ def test_a_forged_signature_is_403(raw: httpx.Client, link: Link) -> None:
 
 def test_an_expired_signature_is_403(raw: httpx.Client, link: Link) -> None:
     past = int(time.time()) - 5
-    sig = _sign(link.server, link.team, link.digest, past)
+    sig = _sign(link.server, link.team, link.digest, past, link.query["nonce"])
     r = httpx.put(link.with_query(expires=str(past), signature=sig), content=b"x")
     assert r.status_code == 403
     assert "expired" in r.json()["message"]
     # The same construction with a future expiry is accepted: the check above is the
     # expiry, not a wrong way of signing.
     future = int(time.time()) + 60
-    ok = _sign(link.server, link.team, link.digest, future)
+    ok = _sign(link.server, link.team, link.digest, future, link.query["nonce"])
     assert httpx.put(link.with_query(expires=str(future), signature=ok), content=b"y").is_success
     assert link.stored.read_bytes() == b"y"
 
@@ -190,12 +190,14 @@ def test_concurrent_puts_of_one_hash_end_with_one_intact_archive(
     raw: httpx.Client, link: Link
 ) -> None:
     bodies = [bytes([65 + n]) * (3 << 20) for n in range(6)]
+    # An upload URL is good for one upload: one link each, all for the same hash.
+    urls = [file_link(raw, link.template_id, link.digest)["url"] for _ in bodies]
     results: list[int] = []
 
-    def put(body: bytes) -> None:
-        results.append(httpx.put(link.url, content=body, timeout=60).status_code)
+    def put(url: str, body: bytes) -> None:
+        results.append(httpx.put(url, content=body, timeout=60).status_code)
 
-    threads = [threading.Thread(target=put, args=(b,)) for b in bodies]
+    threads = [threading.Thread(target=put, args=(u, b)) for u, b in zip(urls, bodies, strict=True)]
     for t in threads:
         t.start()
     for t in threads:

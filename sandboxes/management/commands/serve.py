@@ -3,7 +3,8 @@
 - the API (the control plane): gunicorn with ``--workers`` sync workers on a unix socket,
   behind nginx on ``--bind`` (the front, e2bfacade/front.py: it reads every request whole,
   bounded in size and time, before a worker sees it, so that slow or idle clients hold no
-  worker); ``--no-front``: gunicorn alone on ``--bind``, for a proxy of one's own in front;
+  worker; template file uploads it passes, unbuffered, to the data plane);
+  ``--no-front``: gunicorn alone on ``--bind``, for a proxy of one's own in front;
 - the data plane (envd's API for every sandbox, and its ports): uvicorn with
   ``--sandbox-workers`` workers on ``--sandbox-bind`` (default: the API's port + 1) — the
   SDK's ``E2B_SANDBOX_URL``, or the target of a front proxy for ``*.<SANDBOX_DOMAIN>``;
@@ -124,7 +125,9 @@ class Command(BaseCommand):
                 host,
                 port,
                 settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+                uploads=(sandbox_host, sandbox_port),
                 upload_limit=settings.TEMPLATE_FILE_MAX_MB << 20,
+                upload_seconds=settings.TEMPLATE_UPLOAD_SECONDS,
             )
         try:
             self._serve(options, host, port, sandbox_host, sandbox_port, nginx, front)
