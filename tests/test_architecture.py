@@ -82,7 +82,9 @@ def _app_dependencies() -> dict[tuple[str, str], list[str]]:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("snapshots",),
     ("sandboxes",),
-    ("templates", "idempotency"),
+    ("templates",),
+    # Generic: the apps whose creates honour an Idempotency-Key register with it.
+    ("idempotency",),
     ("e2bfacade",),
 )
 

@@ -78,3 +78,15 @@ def census(rt: LocalRuntime) -> Census:
     alive = rt._init_watch.alive(inits)
     kept |= {s for s in inits.keys() - alive if disks.exists(rt.layout.sandbox_dir(s))}
     return Census(live=frozenset(alive | kept | checkpointed), kept=frozenset(kept))
+
+
+def volume_users(rt: LocalRuntime, volume_id: str) -> set[str]:
+    """The live (running or paused) sandboxes whose record names the volume."""
+    records = map(rt.layout.read_state, rt.layout.sandbox_ids())
+    return {
+        r.sandbox_id
+        for r in records
+        if r is not None
+        and any(m.volume_id == volume_id for m in r.volume_mounts)
+        and status_of(rt, r).state is not SandboxState.DEAD
+    }

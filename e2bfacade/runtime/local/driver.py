@@ -19,7 +19,6 @@ from __future__ import annotations
 import builtins
 import ipaddress
 import json
-import os
 import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -135,9 +134,8 @@ class LocalRuntime(Steps):
         self.network = open_network(self.layout, network, digest)
         if self.network is not None:
             self.capabilities = self.capabilities_for({"network": self.network.config})
-        # The way into a sandbox's port is the data plane's (token checked, agent port
-        # refused): no other account of the host connects to its address (net/accounts.py).
-        accounts.install(digest, self.guest_ranges(), os.geteuid())
+        # Into a sandbox's ports only through the data plane: no other host account.
+        accounts.install(digest, self.guest_ranges())
 
     def guest_ranges(self) -> builtins.list[ipaddress.IPv4Network]:
         """Every range this root's sandboxes' guest sides take their host-reachable
@@ -195,15 +193,7 @@ class LocalRuntime(Steps):
         return self.volumes.delete(volume_id, self.volume_users)
 
     def volume_users(self, volume_id: str) -> set[str]:
-        """The live (running or paused) sandboxes whose record names the volume."""
-        records = map(self.layout.read_state, self.layout.sandbox_ids())
-        return {
-            r.sandbox_id
-            for r in records
-            if r is not None
-            and any(m.volume_id == volume_id for m in r.volume_mounts)
-            and self.info(r).state is not SandboxState.DEAD
-        }
+        return census.volume_users(self, volume_id)
 
     def volume_ids(self, *, made_before: float | None = None) -> set[str]:
         return self.volumes.ids(made_before=made_before)

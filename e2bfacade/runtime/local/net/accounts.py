@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 from collections.abc import Iterable
 
 from e2bfacade.runtime.base import RuntimeUnavailable
@@ -66,10 +67,11 @@ def ruleset(table: str, ranges: Iterable[ipaddress.IPv4Network], uid: int) -> st
     return "\n".join(lines)
 
 
-def install(digest: str, ranges: Iterable[ipaddress.IPv4Network], uid: int) -> None:
+def install(digest: str, ranges: Iterable[ipaddress.IPv4Network], uid: int | None = None) -> None:
     """Make (or replace) the guard of the root of ``digest``: only ``uid`` (the service's
-    account) opens connections to ``ranges``. With no range (a local root without
-    networking: its sandboxes have their own loopback only) the table is removed instead.
+    account: this process's by default) opens connections to ``ranges``. With no range (a
+    local root without networking: its sandboxes have their own loopback only) the table is
+    removed instead.
     Raises RuntimeUnavailable when the rules cannot be installed (fail closed: the root
     does not start with its sandboxes open to every account)."""
     guarded = list(ranges)
@@ -77,7 +79,7 @@ def install(digest: str, ranges: Iterable[ipaddress.IPv4Network], uid: int) -> N
         remove(digest)
         return
     try:
-        shared().run(ruleset(table_of(digest), guarded, uid))
+        shared().run(ruleset(table_of(digest), guarded, os.geteuid() if uid is None else uid))
     except NftError as exc:
         raise RuntimeUnavailable(f"cannot guard the sandboxes' addresses: {exc}") from None
 
