@@ -473,6 +473,14 @@ TEMPLATE_FILE_MAX_MB = _positive_int("TEMPLATE_FILE_MAX_MB", 1024)
 TEMPLATE_FILES_MAX_MB_PER_TEAM = _positive_int("TEMPLATE_FILES_MAX_MB_PER_TEAM", 10 * 1024)
 # Archives no build in progress needs are removed this long after their upload.
 TEMPLATE_FILES_KEEP_DAYS = _positive_int("TEMPLATE_FILES_KEEP_DAYS", 7)
+# The caches under TEMPLATE_PULL_CACHE_DIR (pulled images' trees) and TEMPLATE_CACHE_DIR
+# (the Debian bases' tarballs and images): an entry unused this long goes, and past the
+# size the least recently used go first (never one used in the last hour, nor a current
+# Debian recipe's). The worker's image sweep prunes them (templates/builds/caches.py).
+TEMPLATE_PULL_CACHE_KEEP_DAYS = _positive_int("TEMPLATE_PULL_CACHE_KEEP_DAYS", 14)
+TEMPLATE_PULL_CACHE_MAX_MB = _positive_int("TEMPLATE_PULL_CACHE_MAX_MB", 20 * 1024)
+TEMPLATE_BASES_CACHE_KEEP_DAYS = _positive_int("TEMPLATE_BASES_CACHE_KEEP_DAYS", 30)
+TEMPLATE_BASES_CACHE_MAX_MB = _positive_int("TEMPLATE_BASES_CACHE_MAX_MB", 4 * 1024)
 # How long an upload URL handed to the SDK stays valid (E2B: 30 minutes).
 TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 # An upload's whole body must arrive within this (and 64 KiB of it within every

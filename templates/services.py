@@ -13,6 +13,7 @@ from e2bfacade.models import Team
 from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
 from e2bfacade.sandbox_runtime import get_runtime
 from templates import code_interpreter
+from templates.builds import caches as build_caches
 from templates.builds import files as build_files
 from templates.models import (
     BuildStatus,
@@ -187,6 +188,8 @@ def template_sweep_images() -> list[str]:
             locked.delete()
     for files_hash in build_files.sweep():
         logger.info("removed the unused build archive %s", files_hash)
+    for path in build_caches.prune_all():
+        logger.info("pruned the cache entry %s", path)
     runtime = get_runtime()
     # An image is built before its template row is inserted (no transaction spans the
     # build): only an image older than the grace period can be an orphan.

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from templates.builds import egress
+from templates.builds import caches, egress
 from templates.builds.pull_errors import explain
 
 log = logging.getLogger(__name__)
@@ -481,6 +481,8 @@ def _blob(layout: Path, digest: str) -> bytes:
 
 
 def _pulled(image: ImageRef, entry: Path, *, cached: bool) -> Pulled:
+    if cached:
+        caches.touch(entry / "image.json")  # used now: pruning keeps the recently used
     meta = json.loads((entry / "image.json").read_text())
     return Pulled(
         ref=str(image),
