@@ -148,7 +148,7 @@ def team_metrics(*, team: Team, interval: Interval) -> list[dict[str, object]]:
             {
                 **_wire_time(at),
                 "concurrentSandboxes": concurrent,
-                "sandboxStartRate": round(started / interval.step, 6),
+                "sandboxStartRate": started / interval.step,
             }
         )
     return out
@@ -164,4 +164,4 @@ def team_metrics_max(*, team: Team, interval: Interval, metric: str) -> dict[str
         value = concurrent if metric == "concurrent_sandboxes" else started / interval.step
         if value > best:
             best_at, best = at, float(value)
-    return {**_wire_time(best_at), "value": round(best, 6)}
+    return {**_wire_time(best_at), "value": best}
