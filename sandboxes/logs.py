@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -66,13 +66,10 @@ def _cut(text: str) -> str:
 
 # -------------------------------------------------------------------------------- write
 def sandbox_log_append(*, sandbox_id: str, lines: Sequence[LogLine]) -> int:
-    """Record ``lines`` for the sandbox, then drop its oldest entries past the bounds.
-    Returns how many were written. Never raises for a sandbox that is gone (its row
-    deleted: a refused create): logging must not fail the operation it records.
-
-    Two appends for one sandbox at once may each trim from what it saw, dropping an entry
-    or two more than needed: the bounds hold either way, and no lock is taken that a
-    transition would wait on."""
+    """Record ``lines`` for the sandbox, then drop its oldest entries past the bounds: two
+    statements, no transaction and no lock a transition would wait on. Returns how many
+    were written. The sandbox's row must exist (it does wherever its events happen: a row
+    is deleted only while it is being created)."""
     max_entries = settings.SANDBOX_LOG_MAX_ENTRIES
     max_bytes = settings.SANDBOX_LOG_MAX_BYTES
     # The newest that fit: a flood is cut here, before anything reaches the database.
@@ -92,9 +89,7 @@ def sandbox_log_append(*, sandbox_id: str, lines: Sequence[LogLine]) -> int:
         total += line.size
     if not kept:
         return 0
-    # A row of a sandbox whose row is gone (a refused create's) fails the insert: nothing
-    # is written, as nobody could ever read it.
-    rows = [
+    SandboxLogEntry.objects.bulk_create(
         SandboxLogEntry(
             sandbox_id=sandbox_id,
             timestamp=line.timestamp,
@@ -105,33 +100,27 @@ def sandbox_log_append(*, sandbox_id: str, lines: Sequence[LogLine]) -> int:
             size=line.size,
         )
         for line in reversed(kept)
-    ]
-    try:
-        with transaction.atomic():
-            _append_trimmed(sandbox_id, rows, max_entries, max_bytes)
-    except IntegrityError:
-        return 0  # its row went (a refused create's): there is no one to read them
-    return len(rows)
+    )
+    # Then one statement drops what no longer fits, newest first: past the count, or past
+    # the bytes once added up. Between the two the sandbox may hold one batch more than the
+    # bounds, never a guest's flood (the batch was cut above).
+    with connection.cursor() as cursor:
+        cursor.execute(_TRIM, [sandbox_id, max_entries, max_bytes])
+    return len(kept)
 
 
-def _append_trimmed(
-    sandbox_id: str, rows: list[SandboxLogEntry], max_entries: int, max_bytes: int
-) -> None:
-    """Insert ``rows``, then drop the sandbox's oldest entries past the bounds. A row of a
-    sandbox that is gone fails the insert (IntegrityError) and nothing is written."""
-    SandboxLogEntry.objects.bulk_create(rows)
-    # Newest first; what does not fit after the newest goes. There are at most the
-    # bound plus this batch to look at: the bound held before this append.
-    newest = SandboxLogEntry.objects.filter(sandbox_id=sandbox_id).order_by("-timestamp", "-id")
-    drop, count, size = [], 0, 0
-    for pk, entry_size in newest.values_list("id", "size"):
-        if count < max_entries and size + entry_size <= max_bytes:
-            count += 1
-            size += entry_size
-        else:
-            drop.append(pk)
-    if drop:
-        SandboxLogEntry.objects.filter(pk__in=drop).delete()
+_TABLE = SandboxLogEntry._meta.db_table
+_TRIM = f"""
+DELETE FROM {_TABLE} WHERE id IN (
+    SELECT id FROM (
+        SELECT id,
+            ROW_NUMBER() OVER newest AS n,
+            SUM(size) OVER (newest ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS total
+        FROM {_TABLE} WHERE sandbox_id = %s
+        WINDOW newest AS (ORDER BY "timestamp" DESC, id DESC)
+    ) AS ranked WHERE n > %s OR total > %s
+)
+"""
 
 
 def sandbox_log_event(

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db.models import Count, F, Max, Sum, Value
-from django.db.models.expressions import Combinable
-from django.db.models.functions import Greatest
+from django.db import connection
+from django.db.models import Count, F, Max, Sum
 
 from e2bfacade.errors import BadRequest, Forbidden
 from e2bfacade.models import Team
@@ -39,37 +38,44 @@ def _step_of(at: int) -> int:
     return at - at % step
 
 
-def _bump(team_id: int, at: int, *, concurrent: int, started: int) -> None:
-    """Raise the step's ``concurrent`` to at least ``concurrent`` and add ``started``. The
-    row is made first if need be: the unique constraint arbitrates two makers."""
-    rows = TeamMetricSample.objects.filter(team_id=team_id, at=at)
-    changes: dict[str, Combinable] = {"concurrent": Greatest(F("concurrent"), Value(concurrent))}
-    if started:
-        changes["started"] = F("started") + started
-    if not rows.update(**changes):
-        TeamMetricSample.objects.bulk_create(
-            [TeamMetricSample(team_id=team_id, at=at)], ignore_conflicts=True
-        )
-        rows.update(**changes)
+_TABLE = TeamMetricSample._meta.db_table
+# One statement a sample: the step's row is made or updated (the unique constraint
+# arbitrates two writers); ``concurrent`` only rises, ``started`` adds up. {live} is the
+# team's live count: a parameter, or a count of its rows (a start's, in the same statement).
+_UPSERT = f"""
+INSERT INTO {_TABLE} (team_id, at, concurrent, started) VALUES (%s, %s, {{live}}, %s)
+ON CONFLICT (team_id, at) DO UPDATE SET
+    started = {_TABLE}.started + excluded.started,
+    concurrent = CASE WHEN excluded.concurrent > {_TABLE}.concurrent
+        THEN excluded.concurrent ELSE {_TABLE}.concurrent END
+"""
+_LIVE_COUNT = (
+    f"(SELECT COUNT(*) FROM {Sandbox._meta.db_table} WHERE team_id = %s "
+    f"AND state NOT IN ('{Sandbox.State.KILLED}', '{Sandbox.State.CREATING}'))"
+)
 
 
 def team_metrics_started(*, team_id: int, now: datetime) -> None:
-    """Count a sandbox of the team that has just started (its create answered running).
-    One indexed count of the team's live sandboxes, and one update."""
-    live = Sandbox.objects.of_team(team_id).live().count()
-    _bump(team_id, _step_of(int(now.timestamp())), concurrent=live, started=1)
+    """Count a sandbox of the team that has just started (its create answered running),
+    and the team's live sandboxes then: one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _UPSERT.format(live=_LIVE_COUNT),
+            [team_id, _step_of(int(now.timestamp())), team_id, 1],
+        )
 
 
 def team_metrics_sample(*, now: datetime) -> int:
     """Record every team's live sandboxes in the current step (the lifecycle worker's,
-    every few ticks). Returns how many teams had any."""
+    every few ticks): one grouped count, one statement per team that has any. Returns how
+    many teams had any."""
     at = _step_of(int(now.timestamp()))
     counts = Sandbox.objects.live().values("team_id").annotate(n=Count("pk")).order_by()
-    teams = 0
-    for row in counts:
-        _bump(row["team_id"], at, concurrent=row["n"], started=0)
-        teams += 1
-    return teams
+    rows = [(row["team_id"], at, row["n"], 0) for row in counts]
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.executemany(_UPSERT.format(live="%s"), rows)
+    return len(rows)
 
 
 def team_metrics_purge(*, now: datetime) -> int:

@@ -453,10 +453,9 @@ class StartCommand:
 
 @dataclass(frozen=True)
 class ConsoleLine:
-    """One line a template's start or ready command wrote while its sandbox booted
-    (:meth:`Runtime.start_output`): when it was read (unix seconds), which command
-    (``start`` or ``ready``), which stream, and the text (cut at
-    ``e2bfacade.runtime.start.LINE_MAX`` bytes, invalid UTF-8 replaced)."""
+    """A line a template's start or ready command wrote while its sandbox booted: when it
+    was read (unix seconds), which command (``start`` or ``ready``), which stream, and the
+    text (cut at ``e2bfacade.runtime.start.LINE_MAX`` bytes, bad UTF-8 replaced)."""
 
     at: float
     source: str

@@ -172,6 +172,16 @@ class _Follower:
         self._output.flush()
 
 
+def run_kept(guest: Guest, start: StartCommand, directory: Path) -> None:
+    """:func:`run_start_command`, its output saved in ``directory`` whether it comes up or
+    not (:func:`load_output` reads it back)."""
+    output = StartOutput()
+    try:
+        run_start_command(guest, start, output)
+    finally:
+        output.save(directory)
+
+
 def run_start_command(guest: Guest, start: StartCommand, output: StartOutput | None = None) -> None:
     """Start the template's start command; return once it is ready (StartCommand). What it
     and the ready command write until then goes to ``output`` (bounded), which the caller

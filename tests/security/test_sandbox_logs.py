@@ -397,12 +397,12 @@ def test_team_metrics_count_the_starts_and_the_most_live_for_the_callers_team_on
     assert TeamMetricSample.objects.filter(team=team).count() == 1
 
     most = api_client.get(
-        f"/teams/{team.pk}/metrics/max", {"start": start, "metric": "concurrent_sandboxes"}
+        f"/teams/{team.pk}/metrics/max", {"start": str(start), "metric": "concurrent_sandboxes"}
     )
     assert most.status_code == 200, most.content
     assert most.json()["value"] == 3
     rate = api_client.get(
-        f"/teams/{team.pk}/metrics/max", {"start": start, "metric": "sandbox_start_rate"}
+        f"/teams/{team.pk}/metrics/max", {"start": str(start), "metric": "sandbox_start_rate"}
     )
     assert rate.json()["value"] == pytest.approx(3 / 3600)
 

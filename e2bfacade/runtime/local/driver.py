@@ -29,7 +29,6 @@ from e2bfacade.runtime.base import (
     Capability,
     Capacity,
     Census,
-    ConsoleLine,
     CreateRefused,
     ImageBuild,
     ImageInfo,
@@ -44,7 +43,6 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxSpec,
     SandboxState,
-    StartCommand,
     check_id,
 )
 from e2bfacade.runtime.local import build, census, host, metrics, snapshot, sweep
@@ -65,7 +63,6 @@ from e2bfacade.runtime.local.steps import Steps
 from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
-from e2bfacade.runtime.start import StartOutput, load_output, run_start_command
 from e2bfacade.runtime.volumes import VolumeInfo
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
@@ -373,23 +370,6 @@ class LocalRuntime(Steps):
         """Kill the sandbox and remove everything of it (:func:`.launcher.launch.destroy`).
         Caller holds the id's lock. Returns whether anything existed."""
         return launch.destroy(self, sandbox_id)
-
-    def run_start(self, sandbox_id: str, start: StartCommand) -> None:
-        """Run the template's start command in the running sandbox; what it and the ready
-        command write is kept in its directory (:meth:`start_output`), bounded, whether it
-        comes up or not (a failed cold boot leaves it parked, its output there to read)."""
-        output = StartOutput()
-        try:
-            run_start_command(self.guest(sandbox_id), start, output)
-        finally:
-            output.save(self.layout.sandbox_dir(sandbox_id))
-
-    def start_output(self, sandbox_id: str) -> builtins.list[ConsoleLine]:
-        check_id(sandbox_id, "sandbox id")
-        d = self.layout.sandbox_dir(sandbox_id)
-        if not d.is_dir():
-            raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
-        return load_output(d)
 
     def metrics(self, sandbox_id: str) -> Metrics:
         _, info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
