@@ -56,6 +56,10 @@ class NotFound(ApiError):
     status = 404
 
 
+class Forbidden(ApiError):
+    status = 403
+
+
 class Conflict(ApiError):
     status = 409
 

@@ -49,6 +49,7 @@ WIRE_PATH_PARAMETERS = {
     "template_id": "templateID",
     "build_id": "buildID",
     "files_hash": "hash",
+    "team_id": "teamID",
 }
 
 

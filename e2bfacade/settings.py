@@ -223,6 +223,16 @@ SANDBOX_ROOT = Path(env.str("SANDBOX_ROOT", default="/var/lib/e2bfacade"))
 if not SANDBOX_ROOT.is_absolute():
     raise ImproperlyConfigured(f"SANDBOX_ROOT must be an absolute path, got {str(SANDBOX_ROOT)!r}")
 SANDBOX_MAX_TIMEOUT_SECONDS = _positive_int("SANDBOX_MAX_TIMEOUT_SECONDS", 24 * 3600)
+# A sandbox's logs (GET /sandboxes/{id}/logs): at most this many entries and bytes of
+# messages per sandbox, the oldest dropped first, kept this long after it is killed (the
+# lifecycle worker purges them).
+SANDBOX_LOG_MAX_ENTRIES = _positive_int("SANDBOX_LOG_MAX_ENTRIES", 1000)
+SANDBOX_LOG_MAX_BYTES = _positive_int("SANDBOX_LOG_MAX_BYTES", 256 * 1024)
+SANDBOX_LOG_RETENTION_SECONDS = _positive_int("SANDBOX_LOG_RETENTION_SECONDS", 7 * 24 * 3600)
+# Team metrics (GET /teams/{teamID}/metrics): one sample per team per this many seconds,
+# kept this long.
+TEAM_METRICS_STEP_SECONDS = _int("TEAM_METRICS_STEP_SECONDS", 10, 1, 3600, "between 1 and 3600")
+TEAM_METRICS_RETENTION_SECONDS = _positive_int("TEAM_METRICS_RETENTION_SECONDS", 7 * 24 * 3600)
 # The most a snapshot may capture of a sandbox's written files; a larger one is refused
 # with a 400 (the host's disk is shared by every sandbox, the database and the service).
 SANDBOX_SNAPSHOT_MAX_MB = _positive_int("SANDBOX_SNAPSHOT_MAX_MB", 10 * 1024)

@@ -222,3 +222,55 @@ class SandboxVolumeMount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.volume_id} at {self.path} in {self.sandbox_id}"
+
+
+class SandboxLogEntry(models.Model):
+    """One entry of a sandbox's logs (E2B's ``SandboxLogEntry``): a lifecycle event the
+    service recorded, or a line its template's start or ready command wrote while it booted.
+    Bounded per sandbox (``SANDBOX_LOG_MAX_ENTRIES`` and ``_BYTES``, oldest first), kept
+    ``SANDBOX_LOG_RETENTION_SECONDS`` after a kill (``sandboxes/logs.py``)."""
+
+    class Level(models.TextChoices):
+        DEBUG = "debug"
+        INFO = "info"
+        WARN = "warn"
+        ERROR = "error"
+
+    id = models.BigAutoField(primary_key=True)
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="log_entries")
+    timestamp = models.DateTimeField()
+    level = models.CharField(max_length=8, choices=Level.choices)
+    # Who wrote it: "lifecycle" (the service), "start" or "ready" (the template's commands).
+    logger = models.CharField(max_length=32)
+    message = models.TextField()
+    fields = models.JSONField(default=dict, blank=True)
+    size = models.PositiveIntegerField()  # the message's and fields' bytes: the byte bound's
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["sandbox", "timestamp", "id"], name="sandboxlog_order_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_id} {self.timestamp:%Y-%m-%d %H:%M:%S} {self.level}"
+
+
+class TeamMetricSample(models.Model):
+    """A team's sandboxes over one step of ``TEAM_METRICS_STEP_SECONDS`` starting at ``at``
+    (unix seconds): the most that were live at once, as sampled, and how many started.
+    Written as the service runs (a start, the lifecycle worker's sample), read aggregated by
+    GET /teams/{teamID}/metrics (``sandboxes/usage.py``); purged after
+    ``TEAM_METRICS_RETENTION_SECONDS``."""
+
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="+")
+    at = models.BigIntegerField()
+    concurrent = models.PositiveIntegerField(default=0)
+    started = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "at"], name="teammetric_team_at_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"team {self.team_id} @ {self.at}: {self.concurrent} live, {self.started} started"

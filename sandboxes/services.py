@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from e2bfacade.errors import BadRequest, Conflict, NotFound, NothingAllocated
+from e2bfacade.errors import ApiError, BadRequest, Conflict, NotFound, NothingAllocated
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import (
     CreateRefused,
     ImageNotFound,
+    Metrics,
     NetworkPolicy,
     PauseMode,
     RuntimeUnavailable,
@@ -31,6 +32,7 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.admission import host_capacity, sandbox_admit
+from sandboxes.logs import Level, sandbox_log_boot, sandbox_log_event
 from sandboxes.models import Sandbox, SandboxVolumeMount, new_access_token, new_sandbox_id
 from sandboxes.transitions import (
     CONNECT,
@@ -45,6 +47,7 @@ from sandboxes.transitions import (
     transition_claim,
     transition_finish,
 )
+from sandboxes.usage import team_metrics_started
 from sandboxes.volumes.services import volume_mounts_resolve
 from templates.builds import tags
 
@@ -216,6 +219,14 @@ def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = 
     if Sandbox.objects.filter(pk=sandbox.pk, state=State.CREATING).update(**changes):
         for name, value in changes.items():
             setattr(sandbox, name, value)
+        # After the row is running, with no transaction held: what its start command wrote
+        # (read from the runtime), then the event; and the team's start, counted.
+        sandbox_log_boot(
+            sandbox_id=sandbox.sandbox_id,
+            message=f"sandbox created from template '{sandbox.alias or template.template_id}'",
+            event="created",
+        )
+        team_metrics_started(team_id=sandbox.team_id, now=now)
         return sandbox
     row = Sandbox.objects.select_related("template").filter(pk=sandbox.pk).first()
     if row is None or row.state in (State.KILLING, State.KILLED):
@@ -308,23 +319,65 @@ def sandbox_pause(*, team: Team, sandbox_id: str, memory: bool = True) -> Sandbo
     then cold-boots. A second pause answers 409 (the SDK reads it as "already paused")."""
     sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=PAUSE)
     runtime = get_runtime()
-    transition_act(sandbox, State.PAUSING, State.RUNNING, runtime.pause, sandbox_id, memory=memory)
+    try:
+        transition_act(
+            sandbox, State.PAUSING, State.RUNNING, runtime.pause, sandbox_id, memory=memory
+        )
+    except ApiError as exc:
+        sandbox_log_event(
+            sandbox_id, f"pause failed: {exc.message}", level=Level.ERROR, event="pause_failed"
+        )
+        raise
     mode = PauseMode.FULL if memory else PauseMode.FILESYSTEM
-    return transition_finish(sandbox, State.PAUSING, State.PAUSED, **paused_fields(mode))
+    sandbox = transition_finish(sandbox, State.PAUSING, State.PAUSED, **paused_fields(mode))
+    sandbox_log_event(sandbox_id, f"paused at the caller's request, {KEPT[mode]}", event="paused")
+    return sandbox
+
+
+# What a pause kept, as its log entry says it.
+KEPT = {
+    PauseMode.FULL: "its processes and memory kept",
+    PauseMode.FILESYSTEM: "its files kept (a resume cold-boots it)",
+}
 
 
 def _resume(sandbox: Sandbox, timeout: int, memory: bool) -> Sandbox:
     runtime = get_runtime()
-    transition_act(
-        sandbox, State.RESUMING, State.PAUSED, runtime.resume, sandbox.sandbox_id, memory=memory
-    )
-    return transition_finish(
+    # A resume without memory, or of a sandbox that kept only its files, boots it anew:
+    # its template's start command runs again, and what it writes is logged.
+    cold = not memory or sandbox.pause_mode == PauseMode.FILESYSTEM
+    try:
+        transition_act(
+            sandbox, State.RESUMING, State.PAUSED, runtime.resume, sandbox.sandbox_id, memory=memory
+        )
+    except ApiError as exc:
+        message = f"resume failed: {exc.message}"
+        if cold:
+            sandbox_log_boot(
+                sandbox_id=sandbox.sandbox_id,
+                message=message,
+                event="resume_failed",
+                level=Level.ERROR,
+            )
+        else:
+            sandbox_log_event(sandbox.sandbox_id, message, level=Level.ERROR, event="resume_failed")
+        raise
+    sandbox = transition_finish(
         sandbox,
         State.RESUMING,
         State.RUNNING,
         end_at=timezone.now() + timedelta(seconds=timeout),
         state_reason="",
     )
+    if cold:
+        sandbox_log_boot(
+            sandbox_id=sandbox.sandbox_id,
+            message="resumed: cold-booted from its files",
+            event="resumed",
+        )
+    else:
+        sandbox_log_event(sandbox.sandbox_id, "resumed with its memory", event="resumed")
+    return sandbox
 
 
 def sandbox_resume(*, team: Team, sandbox_id: str, timeout: int, memory: bool = True) -> Sandbox:
@@ -382,9 +435,10 @@ def sandbox_kill(*, team: Team, sandbox_id: str) -> None:
         raise not_found(sandbox_id)  # a concurrent caller's kill recorded it first
 
 
-def sandbox_finish_kill(*, sandbox: Sandbox) -> bool:
-    """Kill in the runtime, then record ``killed`` fenced on ``killing``. Returns whether
-    this call's record landed (False: another caller's kill recorded it first)."""
+def sandbox_finish_kill(*, sandbox: Sandbox, reason: str = "at the caller's request") -> bool:
+    """Kill in the runtime, then record ``killed`` fenced on ``killing``, and log it with
+    ``reason``. Returns whether this call's record landed (False: another caller's kill
+    recorded it first)."""
     try:
         get_runtime().kill(sandbox.sandbox_id)
     except (SandboxRuntimeError, OSError) as exc:
@@ -394,6 +448,8 @@ def sandbox_finish_kill(*, sandbox: Sandbox) -> bool:
     recorded = Sandbox.objects.filter(pk=sandbox.pk, state=State.KILLING).update(
         state=State.KILLED, state_changed_at=now, killed_at=now
     )
+    if recorded:
+        sandbox_log_event(sandbox.sandbox_id, f"killed {reason}", event="killed")
     return bool(recorded)
 
 
@@ -406,7 +462,46 @@ def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
         raise not_found(sandbox_id) from exc
     except SandboxRuntimeError as exc:
         raise runtime_error(exc) from exc
+    return _metric(sandbox, m, timezone.now())
+
+
+# E2B's bound on GET /sandboxes/metrics?sandbox_ids=...
+METRICS_IDS_MAX = 100
+
+
+def sandboxes_metrics(*, team: Team, sandbox_ids: list[str]) -> dict[str, dict[str, object]]:
+    """E2B's batch metrics: a metric, taken now, for each of ``sandbox_ids`` (at most
+    :data:`METRICS_IDS_MAX`) that is the team's, live and on this host. Another team's, an
+    unknown or a killed id is left out, as E2B leaves it out (no 404 for one of many). One
+    query finds the rows; each metric is then one runtime read, with no transaction held."""
+    if len(sandbox_ids) > METRICS_IDS_MAX:
+        raise BadRequest(
+            f"sandbox_ids names {len(sandbox_ids)} sandboxes: at most {METRICS_IDS_MAX}"
+        )
+    host = get_runtime().host_id
+    rows = list(
+        Sandbox.objects.of_team(team.pk)
+        .live()
+        .on_host(host)
+        .filter(pk__in=sandbox_ids)
+        .only("sandbox_id", "disk_size_mb")
+    )
+    runtime = get_runtime()
     now = timezone.now()
+    out: dict[str, dict[str, object]] = {}
+    order = {sandbox_id: i for i, sandbox_id in enumerate(sandbox_ids)}
+    for sandbox in sorted(rows, key=lambda r: order[r.sandbox_id]):
+        try:
+            out[sandbox.sandbox_id] = _metric(sandbox, runtime.metrics(sandbox.sandbox_id), now)
+        except SandboxNotFound:
+            continue  # killed since the query: as if it had not been named
+        except SandboxRuntimeError as exc:
+            raise runtime_error(exc) from exc
+    return out
+
+
+def _metric(sandbox: Sandbox, m: Metrics, now: datetime) -> dict[str, object]:
+    """E2B's ``SandboxMetric`` from one runtime sample."""
     return {
         "timestamp": now,
         "timestampUnix": int(now.timestamp()),

@@ -3,11 +3,14 @@
 from django.urls import path
 
 from sandboxes.views import SandboxViewSet as V
+from sandboxes.views import TeamMetricsViewSet as TeamMetrics
 from sandboxes.volumes.views import VolumeViewSet as Vol
 
 urlpatterns = [
     path("v2/sandboxes", V.as_view({"post": "create_v2", "get": "list_v2"})),
     path("sandboxes", V.as_view({"post": "create_v1", "get": "list_v1"})),
+    # Before sandboxes/<id>: "metrics" is no sandbox's id.
+    path("sandboxes/metrics", V.as_view({"get": "batch_metrics"})),
     path("sandboxes/<str:sandbox_id>", V.as_view({"get": "retrieve", "delete": "destroy"})),
     path("v2/sandboxes/<str:sandbox_id>/connect", V.as_view({"post": "connect"})),
     path("sandboxes/<str:sandbox_id>/connect", V.as_view({"post": "connect"})),
@@ -17,6 +20,10 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/timeout", V.as_view({"post": "set_timeout"})),
     path("sandboxes/<str:sandbox_id>/refreshes", V.as_view({"post": "refresh"})),
     path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),
+    path("sandboxes/<str:sandbox_id>/logs", V.as_view({"get": "logs_v1"})),
+    path("v2/sandboxes/<str:sandbox_id>/logs", V.as_view({"get": "logs_v2"})),
+    path("teams/<str:team_id>/metrics", TeamMetrics.as_view({"get": "metrics"})),
+    path("teams/<str:team_id>/metrics/max", TeamMetrics.as_view({"get": "metrics_max"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
 ]

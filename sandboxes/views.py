@@ -6,21 +6,24 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from e2bfacade.errors import BadRequest
 from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
-from sandboxes import idempotent, selectors, services
+from sandboxes import idempotent, logs, selectors, services, usage
 from sandboxes.admission import host_capacity
 from sandboxes.serializers import (
     LISTED_COLUMNS,
     ConnectSerializer,
     ListedSandboxSerializer,
+    MaxTeamMetricSerializer,
     MetricSerializer,
     MetricsQuerySerializer,
     NetworkUpdateSerializer,
@@ -30,7 +33,11 @@ from sandboxes.serializers import (
     RefreshSerializer,
     ResumeSerializer,
     SandboxDetailSerializer,
+    SandboxesWithMetricsSerializer,
+    SandboxLogsSerializer,
+    SandboxLogsV2Serializer,
     SandboxSerializer,
+    TeamMetricSerializer,
     TimeoutBodySerializer,
     allow_internet,
     listed_rows,
@@ -228,3 +235,96 @@ class SandboxViewSet(viewsets.ViewSet):
         ts = sample["timestampUnix"]
         in_window = (start is None or ts >= start) and (end is None or ts <= end + 1)
         return Response(MetricSerializer([sample] if in_window else [], many=True).data)  # type: ignore[arg-type]  # stubs don't model many=True
+
+    @extend_schema(
+        operation_id="getSandboxesMetrics",
+        parameters=[
+            OpenApiParameter(
+                "sandbox_ids", str, required=True, description="comma-separated, at most 100"
+            )
+        ],
+        responses={200: SandboxesWithMetricsSerializer, **errors(400)},
+    )
+    def batch_metrics(self, request: Request) -> Response:
+        raw = request.query_params.get("sandbox_ids", "")
+        # E2B's array in one parameter, comma-separated (explode: false); a repeat of an id
+        # is the same sandbox.
+        sandbox_ids = list(dict.fromkeys(i.strip() for i in raw.split(",") if i.strip()))
+        if not sandbox_ids:
+            raise BadRequest("sandbox_ids is required: a comma-separated list of sandbox IDs")
+        found = services.sandboxes_metrics(team=team_of(request), sandbox_ids=sandbox_ids)
+        data = {sid: MetricSerializer(metric).data for sid, metric in found.items()}
+        return Response({"sandboxes": data})
+
+    @extend_schema(
+        operation_id="getSandboxLogs",
+        parameters=[
+            OpenApiParameter("start", int, description="ms since the epoch: entries from it on"),
+            OpenApiParameter("limit", int, description="default 1000"),
+        ],
+        responses={200: SandboxLogsSerializer, **errors(400, 404)},
+    )
+    def logs_v1(self, request: Request, sandbox_id: str) -> Response:
+        query = logs.parse_v1_query(request.query_params.dict())
+        entries = logs.sandbox_log_read(team=team_of(request), sandbox_id=sandbox_id, query=query)
+        return Response(
+            {
+                "logs": [logs.line_wire(e) for e in entries],
+                "logEntries": [logs.entry_wire(e) for e in entries],
+            }
+        )
+
+    @extend_schema(
+        operation_id="getSandboxLogsV2",
+        parameters=[
+            OpenApiParameter("cursor", int, description="ms since the epoch"),
+            OpenApiParameter("limit", int, description="0-1000, default 1000"),
+            OpenApiParameter("direction", str, enum=["forward", "backward"]),
+            OpenApiParameter("level", str, enum=["debug", "info", "warn", "error"]),
+            OpenApiParameter("search", str, description="case-sensitive, at most 256"),
+        ],
+        responses={200: SandboxLogsV2Serializer, **errors(400, 404)},
+    )
+    def logs_v2(self, request: Request, sandbox_id: str) -> Response:
+        query = logs.parse_v2_query(request.query_params.dict())
+        entries = logs.sandbox_log_read(team=team_of(request), sandbox_id=sandbox_id, query=query)
+        return Response({"logs": [logs.entry_wire(e) for e in entries]})
+
+
+class TeamMetricsViewSet(viewsets.ViewSet):
+    """A team's sandboxes over time (sandboxes/usage.py): the caller's team only."""
+
+    @extend_schema(
+        operation_id="getTeamMetrics",
+        parameters=[
+            OpenApiParameter("start", int, description="unix seconds; default: an hour ago"),
+            OpenApiParameter("end", int, description="unix seconds; default: now"),
+        ],
+        responses={200: TeamMetricSerializer(many=True), **errors(400, 403)},
+    )
+    def metrics(self, request: Request, team_id: str) -> Response:
+        team = team_of(request)
+        usage.check_team(team, team_id)
+        interval = usage.parse_interval(request.query_params.dict(), timezone.now())
+        return Response(usage.team_metrics(team=team, interval=interval))
+
+    @extend_schema(
+        operation_id="getTeamMetricsMax",
+        parameters=[
+            OpenApiParameter("start", int, description="unix seconds; default: an hour ago"),
+            OpenApiParameter("end", int, description="unix seconds; default: now"),
+            OpenApiParameter(
+                "metric", str, required=True, enum=["concurrent_sandboxes", "sandbox_start_rate"]
+            ),
+        ],
+        responses={200: MaxTeamMetricSerializer, **errors(400, 403)},
+    )
+    def metrics_max(self, request: Request, team_id: str) -> Response:
+        team = team_of(request)
+        usage.check_team(team, team_id)
+        params = request.query_params.dict()
+        interval = usage.parse_interval(params, timezone.now())
+        metric = params.get("metric")
+        if not metric:
+            raise BadRequest("metric is required: concurrent_sandboxes or sandbox_start_rate")
+        return Response(usage.team_metrics_max(team=team, interval=interval, metric=metric))

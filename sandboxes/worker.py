@@ -27,8 +27,9 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
+from sandboxes.logs import Level, sandbox_log_event
 from sandboxes.models import Sandbox
-from sandboxes.services import sandbox_finish_kill
+from sandboxes.services import KEPT, sandbox_finish_kill
 from sandboxes.transitions import (
     TIMEOUT_KILL,
     TIMEOUT_PAUSE,
@@ -80,6 +81,12 @@ def sandbox_expire(*, sandbox_id: str) -> str | None:
             runtime.pause(row.sandbox_id, memory=row.auto_pause_memory)
         except SandboxNotFound:
             transition_finish(row, State.PAUSING, State.KILLED, killed_at=timezone.now())
+            sandbox_log_event(
+                sandbox_id,
+                "its timeout was reached, and nothing of it was left to pause",
+                level=Level.ERROR,
+                event="killed",
+            )
             return "gone"
         except RuntimeConflict:
             # Already paused (frozen, or its processes ended under it): what it kept is
@@ -87,8 +94,11 @@ def sandbox_expire(*, sandbox_id: str) -> str | None:
             info = runtime.status(row.sandbox_id)
             mode = info.pause_mode or mode
         transition_finish(row, State.PAUSING, State.PAUSED, **paused_fields(mode))
+        sandbox_log_event(
+            sandbox_id, f"paused: its timeout was reached, {KEPT[mode]}", event="paused"
+        )
         return "paused"
-    sandbox_finish_kill(sandbox=row)
+    sandbox_finish_kill(sandbox=row, reason="as its timeout was reached")
     return "killed"
 
 
@@ -118,7 +128,7 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
             row.state_changed_at = timezone.now()
             row.save(update_fields=["state_changed_at"])
         if claimed == State.KILLING:
-            sandbox_finish_kill(sandbox=row)
+            sandbox_finish_kill(sandbox=row, reason="(a kill its caller left unfinished)")
         elif claimed == State.CREATING:
             if IdempotencyRecord.objects.filter(
                 resource_id=row.sandbox_id, state=IdempotencyRecord.State.IN_PROGRESS
@@ -139,10 +149,21 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
             elif info.state is SandboxState.PAUSED:
                 fields = paused_fields(info.pause_mode, info.pause_reason)
                 transition_finish(row, claimed, State.PAUSED, **fields)
+                _log_recovered(row.sandbox_id, claimed, "paused")
             else:
                 transition_finish(row, claimed, State.RUNNING)
+                _log_recovered(row.sandbox_id, claimed, "running")
         recovered.append(sandbox_id)
     return recovered
+
+
+def _log_recovered(sandbox_id: str, claimed: str, state: str) -> None:
+    sandbox_log_event(
+        sandbox_id,
+        f"{state}: the process that was {claimed} it died; the runtime says it is {state}",
+        level=Level.WARN,
+        event=state,
+    )
 
 
 def raise_open_files_limit() -> None:
@@ -165,6 +186,7 @@ def _record_lost(sandbox_id: str, state: str) -> bool:
     if updated:
         logger.error("sandbox %s is lost: %s", sandbox_id, LOST_REASON)
         observability.sandbox_lost()
+        sandbox_log_event(sandbox_id, f"killed: {LOST_REASON}", level=Level.ERROR, event="lost")
     return bool(updated)
 
 
@@ -224,6 +246,13 @@ def _record_kept(sandbox_id: str, state: str) -> bool:
     if updated and info.pause_reason:
         logger.warning(
             "sandbox %s is kept paused with its files: %s", sandbox_id, info.pause_reason
+        )
+    if updated:
+        sandbox_log_event(
+            sandbox_id,
+            f"paused: {info.pause_reason or 'its processes ended'}",
+            level=Level.ERROR,
+            event="crashed",
         )
     return bool(updated)
 

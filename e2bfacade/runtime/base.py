@@ -452,6 +452,18 @@ class StartCommand:
 
 
 @dataclass(frozen=True)
+class ConsoleLine:
+    """A line a template's start or ready command wrote while its sandbox booted: when it
+    was read (unix seconds), which command (``start`` or ``ready``), which stream, and the
+    text (cut at ``e2bfacade.runtime.start.LINE_MAX`` bytes, bad UTF-8 replaced)."""
+
+    at: float
+    source: str
+    stream: Stream
+    text: str
+
+
+@dataclass(frozen=True)
 class ImageBuild:
     """An image made by code instead of an archive: ``populate`` fills the new layer's
         root (a directory on the host, on top of ``parent``'s files); ``env`` is the
@@ -543,6 +555,14 @@ class Runtime(Protocol):
         ...
 
     def metrics(self, sandbox_id: str) -> Metrics: ...
+    def start_output(self, sandbox_id: str) -> builtins.list[ConsoleLine]:
+        """What the template's start and ready commands wrote during the sandbox's latest
+        boot (its create, a pool sandbox's start before it was claimed, or a cold boot),
+        until it was ready or failed to be: the newest lines, bounded in count and bytes
+        (``e2bfacade.runtime.start``) however much the guest wrote. Empty for a sandbox
+        without a start command; raises SandboxNotFound for an unknown one."""
+        ...
+
     def capacity(self) -> Capacity: ...
     def keep_warm(self, spec: SandboxSpec) -> None:
         """Keep ``spec.warm_pool`` sandboxes of ``spec``'s shape (its image, CPUs, memory,

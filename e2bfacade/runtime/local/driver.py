@@ -62,7 +62,6 @@ from e2bfacade.runtime.local.steps import Steps
 from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
-from e2bfacade.runtime.start import run_start_command
 from e2bfacade.runtime.volumes import VolumeInfo
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
@@ -292,7 +291,7 @@ class LocalRuntime(Steps):
                     return claimed
                 info = launch.prepare(self, spec, chain)
                 if start is not None and not self.restores_processes(chain):
-                    run_start_command(self.guest(spec.sandbox_id), start)
+                    self.run_start(spec.sandbox_id, start)
                 if pooled:
                     self.warm.keep(spec)
                 return info

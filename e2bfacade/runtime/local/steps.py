@@ -8,11 +8,13 @@ from __future__ import annotations
 import builtins
 from typing import TYPE_CHECKING, Any, cast
 
+from e2bfacade.runtime.base import ConsoleLine, SandboxNotFound, StartCommand
 from e2bfacade.runtime.local.cgroups import Cgroups
 from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.net.network import SandboxNetwork
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
 from e2bfacade.runtime.local.state import Layout
+from e2bfacade.runtime.start import load_output, run_kept
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime
@@ -38,6 +40,18 @@ class Steps:
     def boot(self, record: SandboxRecord) -> LocalSandboxInfo:
         """Cold-boot a sandbox that kept only its files (launch.boot)."""
         return launch.boot(self._rt, record)
+
+    def run_start(self, sandbox_id: str, start: StartCommand) -> None:
+        """Run the template's start command in the running sandbox; what it and the ready
+        command write is kept in its directory (``start_output``), bounded, whether it comes
+        up or not (a failed cold boot leaves it parked, with its output to read)."""
+        run_kept(self._rt.guest(sandbox_id), start, self.layout.sandbox_dir(sandbox_id))
+
+    def start_output(self, sandbox_id: str) -> builtins.list[ConsoleLine]:
+        """What :meth:`run_start` kept of the sandbox's latest boot (Runtime.start_output)."""
+        if not (d := self.layout.sandbox_dir(sandbox_id)).is_dir():
+            raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
+        return load_output(d)
 
     def park(self, record: SandboxRecord, reason: str | None) -> SandboxRecord:
         """End its processes and keep its files (launch.park)."""

@@ -2,12 +2,13 @@
 
 Each tick it (1) applies the timeout action of sandboxes past ``endAt`` (kill, or pause when
 ``autoPause`` was set), (2) re-drives idempotent requests whose owner died and finishes
-sandbox transitions (and volume creates and deletes) abandoned mid-way, (3) reconciles
-the database with the runtime, (4) purges expired idempotency keys and sweeps unused
-images. Several workers may run at once: every step claims its rows with ``SELECT ...
-FOR UPDATE SKIP LOCKED`` or a fenced update, so no sandbox is acted on twice. Template
-builds run beside the ticks, on threads of their own (templates.builds.worker;
-``--no-builds``: none here).
+sandbox transitions (and volume creates and deletes) abandoned mid-way, and samples each
+team's live sandboxes for its metrics, (3) reconciles the database with the runtime, (4)
+purges expired idempotency keys, the logs of sandboxes killed long ago and old team
+metrics, and sweeps unused images. Several workers may run at once: every step claims its
+rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` or a fenced update, so no sandbox is acted
+on twice. Template builds run beside the ticks, on threads of their own
+(templates.builds.worker; ``--no-builds``: none here).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from django.utils import timezone
 from e2bfacade.sandbox_runtime import get_runtime
 from e2bfacade.throttling import purge_windows
 from idempotency import maintenance as idempotency
-from sandboxes import worker
+from sandboxes import logs, usage, worker
 from sandboxes.models import Sandbox
 from sandboxes.volumes.services import volume_sweep
 from templates.builds import worker as builds
@@ -100,6 +101,7 @@ class Command(BaseCommand):
             if action:
                 logger.info("sandbox %s timed out: %s", sandbox_id, action)
         if full or n % 5 == 0:
+            usage.team_metrics_sample(now=now)
             for record_pk in idempotency.drive_abandoned():
                 logger.info("idempotency record %s: re-drove an abandoned claim", record_pk)
             for sandbox_id in worker.sandbox_recover_stale(older_than=now - stale_after):
@@ -117,5 +119,8 @@ class Command(BaseCommand):
             purged = idempotency.purge_expired()
             if purged:
                 logger.info("purged %d expired idempotency records", purged)
+            if purged := logs.sandbox_log_purge(now=now):
+                logger.info("purged %d log entries of sandboxes killed long ago", purged)
+            usage.team_metrics_purge(now=now)
             for image_id in template_sweep_images():
                 logger.info("removed unused image %s", image_id)

@@ -38,7 +38,6 @@ from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxReco
 from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
 from e2bfacade.runtime.local.storage.images import env_of, start_of, workdir_of
-from e2bfacade.runtime.start import run_start_command
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 
 # Mounts the launcher hands the init in one message (launcher/c/launcher.h MAX_FDS): the
@@ -226,7 +225,7 @@ def boot(rt: LocalRuntime, record: SandboxRecord) -> LocalSandboxInfo:
         (d / "agent.sock").unlink(missing_ok=True)
         info = rt.launch(parked, chain)
         if (start := start_of(chain)) is not None:
-            run_start_command(rt.guest(sid), start)
+            rt.run_start(sid, start)
         return info
     except BaseException as exc:
         rt.park(parked, reason)
