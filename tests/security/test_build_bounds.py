@@ -116,7 +116,8 @@ def test_a_trigger_records_the_host_that_received_it(team: Team) -> None:
     from e2bfacade.sandbox_runtime import get_runtime
     from templates.builds import services
 
-    requested = services.build_request(team=team, body={"name": "on-this-host"})
+    body = services.build_request_body({"name": "on-this-host"})
+    requested = services.build_request(team=team, body=body)
     services.build_trigger(
         team=team,
         template_ref=requested.template.template_id,
