@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from sandboxes.views import OperatorViewSet as Op
 from sandboxes.views import SandboxViewSet as V
 from sandboxes.volumes.views import VolumeViewSet as Vol
 
@@ -17,6 +18,9 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/timeout", V.as_view({"post": "set_timeout"})),
     path("sandboxes/<str:sandbox_id>/refreshes", V.as_view({"post": "refresh"})),
     path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),
+    # E2B's operator routes (the admin token): matched before the admin site's /admin/.
+    path("admin/teams/<str:team_id>/sandboxes/kill", Op.as_view({"post": "kill_team"})),
+    path("admin/sandboxes/running-counts", Op.as_view({"get": "running_counts"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
 ]
