@@ -48,7 +48,7 @@ def admin_token(settings: Any) -> str:
 def bearer(team: Team) -> APIClient:
     _, raw = access_token_mint(team=team, name="test")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_X_TEAM_ID=str(team.pk))  # type: ignore[attr-defined]
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_X_TEAM_ID=str(team.pk))
     return client
 
 
@@ -57,7 +57,7 @@ def admin(team: Team | None) -> APIClient:
     headers = {"HTTP_X_ADMIN_TOKEN": ADMIN_TOKEN}
     if team is not None:
         headers["HTTP_X_TEAM_ID"] = str(team.pk)
-    client.credentials(**headers)  # type: ignore[attr-defined]
+    client.credentials(**headers)
     return client
 
 
@@ -202,7 +202,7 @@ def test_a_malformed_id_or_name_is_a_400_never_a_500(team: Team, api_key: ApiKey
 def test_an_access_token_is_for_its_own_team_only(team: Team) -> None:
     other = TeamFactory.create()
     client = bearer(team)
-    client.credentials(  # type: ignore[attr-defined]
+    client.credentials(
         HTTP_AUTHORIZATION=client._credentials["HTTP_AUTHORIZATION"],  # type: ignore[attr-defined]
         HTTP_X_TEAM_ID=str(other.pk),
     )
@@ -235,7 +235,7 @@ def test_an_access_token_mints_another_and_deleting_one_ends_it(team: Team) -> N
     assert body["mask"]["prefix"] == "sk_e2b_" and body["mask"]["valueLength"] == 40
     assert body["mask"]["maskedValueSuffix"] == body["token"][-4:]
     second = APIClient()
-    second.credentials(HTTP_AUTHORIZATION=f"Bearer {body['token']}")  # type: ignore[attr-defined]
+    second.credentials(HTTP_AUTHORIZATION=f"Bearer {body['token']}")
     assert second.get("/teams").status_code == 200
     assert second.delete(f"/access-tokens/{body['id']}").status_code == 204
     assert second.get("/teams").status_code == 401
@@ -243,9 +243,7 @@ def test_an_access_token_mints_another_and_deleting_one_ends_it(team: Team) -> N
     assert [flag for flag, _ in history(token)] == [ADDITION, DELETION]
 
 
-def test_the_admin_token_manages_any_teams_keys_with_x_team_id(
-    team: Team, api_key: ApiKey
-) -> None:
+def test_the_admin_token_manages_any_teams_keys_with_x_team_id(team: Team, api_key: ApiKey) -> None:
     listed = admin(team).get("/api-keys")
     created = admin(None).post(f"/admin/teams/{team.pk}/api-keys", {"name": "ops"}, format="json")
 
