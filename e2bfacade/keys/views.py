@@ -32,9 +32,10 @@ class _KeyRoutes(APIView):
     admin_only = False
 
     def get_authenticators(self) -> list[BaseAuthentication]:
+        method = getattr(self.request, "method", None)  # None while the schema is made
         if self.admin_only:
             classes: Sequence[type[BaseAuthentication]] = ADMIN
-        elif self.request.method in self.methods_token_only:
+        elif method in self.methods_token_only:
             classes = TOKEN
         else:
             classes = TOKEN_OR_ADMIN
