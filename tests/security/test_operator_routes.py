@@ -48,7 +48,7 @@ def runtime(settings: Any, sandbox_root: Path, db: None) -> Iterator[LocalRuntim
 def operator(settings: Any) -> APIClient:
     settings.E2BFACADE_ADMIN_TOKEN = ADMIN_TOKEN
     client = APIClient()
-    client.credentials(HTTP_X_ADMIN_TOKEN=ADMIN_TOKEN)  # type: ignore[attr-defined]
+    client.credentials(HTTP_X_ADMIN_TOKEN=ADMIN_TOKEN)
     return client
 
 

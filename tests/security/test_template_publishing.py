@@ -133,7 +133,7 @@ def test_v2_templates_lists_a_page_at_a_time(api_client: APIClient, team: Team) 
     seen: list[str] = []
     token = None
     for _ in range(10):
-        query = {"limit": 2, **({"nextToken": token} if token else {})}
+        query: dict[str, str] = {"limit": "2", **({"nextToken": token} if token else {})}
         page = api_client.get("/v2/templates", query)
         assert page.status_code == 200, page.content
         seen += [t["templateID"] for t in page.json()]
