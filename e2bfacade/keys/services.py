@@ -18,6 +18,7 @@ from django.utils import timezone
 from e2bfacade import history
 from e2bfacade.auth import forget_api_keys
 from e2bfacade.errors import BadRequest, NotFound
+from e2bfacade.failpoints import failpoint
 from e2bfacade.models import AccessToken, ApiKey, Team, access_token_mint, api_key_create
 
 NAME_MAX = 255
@@ -88,6 +89,7 @@ def api_key_delete(*, team: Team, key_id: str, actor: object) -> None:
                 "cannot delete the team's last API key: create another first "
                 "(the operator can still revoke it on the admin site)"
             )
+        failpoint("api_key_delete.checked")  # the race's window, widened by a test
         ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
         history.record(obj=key, action=history.DELETION, message="Revoked", actor=actor)
     forget_api_keys()  # at once in this process; in the others within API_KEY_CACHE_SECONDS
