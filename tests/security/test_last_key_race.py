@@ -34,6 +34,24 @@ def deployment() -> Iterator[tuple[Deployment, Server]]:
         yield dep, server
 
 
+def delete_at_once(server: Server, admin: dict[str, str], ids: list[str]) -> dict[str, int]:
+    """DELETE each of ``ids`` from its own thread, released together: {id: status}."""
+    barrier = threading.Barrier(len(ids))
+    statuses: dict[str, int] = {}
+
+    def delete(key_id: str) -> None:
+        barrier.wait()
+        response = httpx.delete(f"{server.url}/api-keys/{key_id}", headers=admin, timeout=30)
+        statuses[key_id] = response.status_code
+
+    threads = [threading.Thread(target=delete, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
 def test_concurrent_deletes_of_a_teams_last_two_keys_leave_exactly_one(
     deployment: tuple[Deployment, Server],
 ) -> None:
@@ -50,19 +68,7 @@ def test_concurrent_deletes_of_a_teams_last_two_keys_leave_exactly_one(
         assert made.status_code == 201, made.text
         ids = [k["id"] for k in httpx.get(f"{server.url}/api-keys", headers=admin).json()]
         assert len(ids) == 2
-        barrier = threading.Barrier(2)
-        statuses: dict[str, int] = {}
-
-        def delete(key_id: str, admin: dict[str, str] = admin) -> None:
-            barrier.wait()
-            response = httpx.delete(f"{server.url}/api-keys/{key_id}", headers=admin, timeout=30)
-            statuses[key_id] = response.status_code
-
-        threads = [threading.Thread(target=delete, args=(i,)) for i in ids]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        statuses = delete_at_once(server, admin, ids)
 
         assert sorted(statuses.values()) == [204, 400], statuses
         left = httpx.get(f"{server.url}/api-keys", headers=admin).json()
