@@ -31,6 +31,32 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-c
         return {"type": "apiKey", "in": "header", "name": "X-API-Key"}
 
 
+class AccessTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "e2bfacade.auth.AccessTokenAuthentication"
+    name = "AccessTokenAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "access_token"}
+
+
+class AdminTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    target_class = "e2bfacade.auth.AdminTokenAuthentication"
+    name = "AdminApiKeyAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "header", "name": "X-Admin-Token"}
+
+
+class NoApiKeyHereScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Not a credential (it only words the 401): left out of the schema."""
+
+    target_class = "e2bfacade.auth.NoApiKeyHere"
+    name = "AdminTeamAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "apiKey", "in": "header", "name": "X-Team-ID"}
+
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     str,
@@ -50,6 +76,8 @@ WIRE_PATH_PARAMETERS = {
     "build_id": "buildID",
     "files_hash": "hash",
     "team_id": "teamID",
+    "api_key_id": "apiKeyID",
+    "access_token_id": "accessTokenID",
 }
 
 

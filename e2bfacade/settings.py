@@ -211,6 +211,12 @@ API_RATE_WINDOW_SECONDS = _positive_int("API_RATE_WINDOW_SECONDS", 60)
 # How long a process trusts an API key it has resolved before it asks the database again
 # (0: every request asks). A revoked key stops working within this many seconds.
 API_KEY_CACHE_SECONDS = _int("API_KEY_CACHE_SECONDS", 5, 0, 3600, "between 0 and 3600")
+# The operator's token for E2B's admin routes and for managing any team's keys
+# (X-Admin-Token). Empty: every admin token is refused. At least 32 characters: it is as
+# strong a secret as SECRET_KEY.
+E2BFACADE_ADMIN_TOKEN = env.str("E2BFACADE_ADMIN_TOKEN", default="")
+if E2BFACADE_ADMIN_TOKEN and len(E2BFACADE_ADMIN_TOKEN) < 32:
+    raise ImproperlyConfigured("E2BFACADE_ADMIN_TOKEN must be at least 32 characters long")
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")

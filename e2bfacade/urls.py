@@ -16,7 +16,6 @@ handler404 = "e2bfacade.errors.handler404"
 handler500 = "e2bfacade.errors.handler500"
 
 urlpatterns: list[URLPattern | URLResolver] = [
-    path("admin/", admin.site.urls),
     path("health", HealthView.as_view(), name="health"),
     path("health/ready", ReadinessView.as_view(), name="health-ready"),
     path("metrics", metrics, name="metrics"),
@@ -25,4 +24,9 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("", include("sandboxes.urls")),
     path("", include("snapshots.urls")),
     path("", include("templates.urls")),
+    path("", include("e2bfacade.keys.urls")),
+    # Last: E2B's operator routes (/admin/teams/{teamID}/…, /admin/sandboxes/running-counts,
+    # in the apps' urls above) are matched first. Neither shadows the other: the admin
+    # site's pages end in '/', and its app and model names hold no '-' and no "teams" app.
+    path("admin/", admin.site.urls),
 ]

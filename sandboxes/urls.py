@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from sandboxes.views import OperatorViewSet as Op
 from sandboxes.views import SandboxViewSet as V
 from sandboxes.views import TeamMetricsViewSet as TeamMetrics
 from sandboxes.volumes.views import VolumeViewSet as Vol
@@ -24,6 +25,9 @@ urlpatterns = [
     path("v2/sandboxes/<str:sandbox_id>/logs", V.as_view({"get": "logs_v2"})),
     path("teams/<str:team_id>/metrics", TeamMetrics.as_view({"get": "metrics"})),
     path("teams/<str:team_id>/metrics/max", TeamMetrics.as_view({"get": "metrics_max"})),
+    # E2B's operator routes (the admin token): matched before the admin site's /admin/.
+    path("admin/teams/<str:team_id>/sandboxes/kill", Op.as_view({"post": "kill_team"})),
+    path("admin/sandboxes/running-counts", Op.as_view({"get": "running_counts"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
 ]

@@ -8,16 +8,17 @@ from typing import Any
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status, viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from e2bfacade.auth import AdminTokenAuthentication, NoApiKeyHere
 from e2bfacade.errors import BadRequest
 from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
-from sandboxes import idempotent, logs, selectors, services, usage
+from sandboxes import idempotent, logs, operator, selectors, services, usage
 from sandboxes.admission import host_capacity
 from sandboxes.serializers import (
     LISTED_COLUMNS,
@@ -42,6 +43,11 @@ from sandboxes.serializers import (
     allow_internet,
     listed_rows,
     listed_values,
+)
+
+ADMIN_KILL_RESULT = inline_serializer(
+    "AdminSandboxKillResult",
+    {"killedCount": serializers.IntegerField(), "failedCount": serializers.IntegerField()},
 )
 
 
@@ -328,3 +334,31 @@ class TeamMetricsViewSet(viewsets.ViewSet):
         if not metric:
             raise BadRequest("metric is required: concurrent_sandboxes or sandbox_start_rate")
         return Response(usage.team_metrics_max(team=team, interval=interval, metric=metric))
+
+
+class OperatorViewSet(viewsets.ViewSet):
+    """E2B's admin routes for sandboxes: the operator's admin token only (see
+    e2bfacade.auth.AdminTokenAuthentication); the path's teamID names the team."""
+
+    authentication_classes = [AdminTokenAuthentication, NoApiKeyHere]
+
+    @property
+    def admin_team(self) -> bool:
+        """running-counts names no team: the admin token then stands alone."""
+        return bool(self.action != "running_counts")
+
+    @extend_schema(
+        operation_id="adminKillTeamSandboxes",
+        request=None,
+        responses={200: ADMIN_KILL_RESULT, **errors(404)},
+    )
+    def kill_team(self, request: Request, team_id: str) -> Response:
+        killed, failed = operator.sandbox_kill_team(team=team_of(request))
+        return Response({"killedCount": killed, "failedCount": failed})
+
+    @extend_schema(
+        operation_id="adminRunningSandboxCounts",
+        responses={200: OpenApiTypes.OBJECT, **errors()},
+    )
+    def running_counts(self, request: Request) -> Response:
+        return Response(operator.running_counts())

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.defaultfilters import filesizeformat
 
-from templates.models import Template
+from e2bfacade.admin import ReadOnlyAdmin
+from templates.builds.services import CANCELED_BY_OPERATOR, finish_error
+from templates.models import BuildStatus, Template, TemplateBuild
 
 
 @admin.register(Template)
@@ -63,3 +66,23 @@ class TemplateAdmin(admin.ModelAdmin[Template]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(TemplateBuild)
+class TemplateBuildAdmin(ReadOnlyAdmin[TemplateBuild]):
+    """Builds, read-only; "cancel" ends a waiting or building one as E2B's
+    ``/admin/teams/{teamID}/builds/cancel`` does (filter by team to cancel a team's)."""
+
+    list_display = ["build_id", "template", "team", "status", "created_at", "finished_at"]
+    list_filter = ["status", "team"]
+    list_select_related = ["template", "team"]
+    actions = ["cancel_selected"]
+
+    @admin.action(description="Cancel selected builds", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[TemplateBuild]) -> None:
+        live = queryset.filter(status__in=(BuildStatus.WAITING, BuildStatus.BUILDING))
+        cancelled = sum(finish_error(b, CANCELED_BY_OPERATOR, step=None) for b in live)
+        self.message_user(request, f"Cancelled {cancelled} build(s).", messages.SUCCESS)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("templates.change_templatebuild")

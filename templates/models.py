@@ -34,18 +34,21 @@ class TemplateQuerySet(models.QuerySet["Template"]):
         return min(candidates, key=_preference(ref), default=None)
 
     def resolve_locked(self, team_id: int, ref: str) -> Template | None:
-        """:meth:`resolve`, with the candidates' rows locked in primary-key order (at most
-        the team's alias and a public one; the same order for every create, so concurrent
-        creates lock them alike): a create's reserve, on every create. Plain SQL: through
-        the ORM, compiling this query cost more than running it (1.2 ms against 0.55 ms,
-        measured on PostgreSQL)."""
+        """What a sandbox create may start: :meth:`resolve`, and another team's published
+        template by its id (never by alias: aliases are unique per team only, so one would
+        be ambiguous across teams). The candidates' rows are locked in primary-key order (at
+        most the team's alias and a public one; the same order for every create, so
+        concurrent creates lock them alike): a create's reserve, on every create. Plain
+        SQL: through the ORM, compiling this query cost more than running it (1.2 ms
+        against 0.55 ms, measured on PostgreSQL)."""
         qn = connection.ops.quote_name
         lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
         candidates = self.raw(
             f"SELECT * FROM {qn(self.model._meta.db_table)} "
-            "WHERE (team_id IS NULL OR team_id = %s) AND (template_id = %s OR alias = %s) "
+            "WHERE ((team_id IS NULL OR team_id = %s) AND (template_id = %s OR alias = %s)) "
+            "OR (public AND kind = %s AND template_id = %s) "
             f"ORDER BY template_id{lock}",
-            [team_id, ref, ref],
+            [team_id, ref, ref, Template.Kind.TEMPLATE.value, ref],
         )
         return min(candidates, key=_preference(ref), default=None)
 
@@ -67,6 +70,9 @@ class Template(models.Model):
     team = models.ForeignKey(
         "e2bfacade.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="templates"
     )
+    # Published (``e2b template publish``): other teams may start it by its id, never build
+    # on, tag or delete it. A team-less template is public whatever this says.
+    public = models.BooleanField(default=False)
     # NULL, not "": an unnamed template must not collide with another under the unique alias.
     alias = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TEMPLATE)
@@ -123,6 +129,10 @@ class Template(models.Model):
         if tag is not None:
             return str(tag)
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"e2bfacade:template:{self.template_id}"))
+
+    @property
+    def is_public(self) -> bool:
+        return self.team_id is None or self.public
 
     @property
     def names(self) -> list[str]:

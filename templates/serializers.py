@@ -30,7 +30,7 @@ class TemplateSerializer(serializers.Serializer[Template]):
     buildStatus = serializers.SerializerMethodField()
 
     def get_public(self, obj: Template) -> bool:
-        return obj.team_id is None
+        return obj.is_public
 
     @extend_schema_field(NULLABLE_STRING)
     def get_createdBy(self, obj: Template) -> None:
@@ -84,3 +84,28 @@ class TemplateWithBuildsSerializer(TemplateSerializer):
 class TemplateAliasSerializer(serializers.Serializer[Any]):
     templateID = serializers.CharField()
     public = serializers.BooleanField()
+
+
+class TemplateListQuerySerializer(serializers.Serializer[Any]):
+    """``GET /v2/templates``'s query."""
+
+    teamID = serializers.CharField(required=False)
+    nextToken = serializers.CharField(required=False)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=100)
+
+
+class TemplateUpdateSerializer(serializers.Serializer[Any]):
+    """E2B's ``TemplateUpdateRequest``: ``public`` (absent: nothing changes)."""
+
+    public = serializers.BooleanField(required=False)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # DRF's BooleanField takes "yes", 1, "true"...: the wire says a JSON boolean.
+        public = data.get("public") if isinstance(data, dict) else None
+        if public is not None and not isinstance(public, bool):
+            raise serializers.ValidationError({"public": ["must be a boolean"]})
+        return super().to_internal_value(data)
+
+
+class TemplateUpdateResponseSerializer(serializers.Serializer[Any]):
+    names = serializers.ListField(child=serializers.CharField())

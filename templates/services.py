@@ -7,6 +7,7 @@ import time
 from typing import IO
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
@@ -115,13 +116,30 @@ def template_import(
         raise
 
 
-def template_resolve_owned(*, team: Team, ref: str) -> Template:
-    """A template the team may delete: its own, by id or alias. Public ones are refused."""
+def template_resolve_owned(*, team: Team, ref: str, verb: str = "deleted") -> Template:
+    """A template the team may delete or publish: its own, by id or alias. Team-less public
+    ones are refused (403); another team's, published or not, is not found."""
     template = Template.objects.resolve(team.pk, ref)
     if template is None or template.kind == Template.Kind.FORK:
         raise NotFound(f"template '{ref}' not found")
     if template.team_id is None:
-        raise Forbidden(f"template '{ref}' is public and cannot be deleted through the API")
+        raise Forbidden(f"template '{ref}' is public and cannot be {verb} through the API")
+    return template
+
+
+def template_publish(*, team: Team, ref: str, public: bool | None) -> Template:
+    """``PATCH /templates/{id}``: publish (other teams may then start it, by its id) or
+    unpublish the team's own template. ``None`` changes nothing. 404 for another team's
+    (or unknown) template, 403 for a team-less public one, 400 for a snapshot. Setting
+    the value it has is a no-op, so a repeat answers the same."""
+    template = template_resolve_owned(team=team, ref=ref, verb="changed")
+    if template.kind != Template.Kind.TEMPLATE:
+        raise BadRequest(f"'{ref}' is a snapshot: only templates can be published")
+    if public is not None and template.public != public:
+        # A plain UPDATE of one column: nothing else of the row may be overwritten by a
+        # concurrent build finishing (it moves image_id and the shape).
+        Template.objects.filter(pk=template.pk).update(public=public, updated_at=timezone.now())
+        template.public = public
     return template
 
 

@@ -38,6 +38,7 @@ SUPERSEDED = "The build was canceled because it was superseded by a newer one."
 WAITING_SECONDS = 3600
 NEVER_STARTED = f"The build was never started (no trigger within {WAITING_SECONDS} s)."
 CANCELED = "The build was canceled because a newer build of the template started."
+CANCELED_BY_OPERATOR = "The build was canceled by the operator."
 STEP_TYPES = ("RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER")
 MAX_STEPS = 512
 MAX_SPEC_BYTES = 1 << 20
@@ -341,6 +342,21 @@ def finish_error(
     if updated:
         append_log(build, f"Build failed: {message}", level="error", step=step or "")
     return bool(updated)
+
+
+def builds_cancel_team(*, team: Team) -> tuple[int, int]:
+    """End every waiting or building build of ``team`` ``error`` (E2B's admin cancel).
+    Returns (cancelled, failed). Each end is one guarded UPDATE, so ``failed`` is 0: the
+    build worker running one sees its lease gone at its next renewal and ends the build's
+    sandbox then. A build that finished meanwhile is neither. Safe to repeat."""
+    cancelled = 0
+    builds = TemplateBuild.objects.filter(
+        team=team, status__in=(BuildStatus.WAITING, BuildStatus.BUILDING)
+    ).order_by("created_at")
+    for build in builds:
+        if finish_error(build, CANCELED_BY_OPERATOR, step=None):
+            cancelled += 1
+    return cancelled, 0
 
 
 def append_log(build: TemplateBuild, *lines: str, level: str = "info", step: str = "") -> bool:

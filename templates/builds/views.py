@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
-from rest_framework import status, viewsets
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from e2bfacade.auth import AdminTokenAuthentication, NoApiKeyHere
 from e2bfacade.errors import BadRequest, NotFound
 from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
@@ -236,3 +237,27 @@ class UploadView(APIView):
         )
         files.upload_write(upload, files.chunks_of(request._request, upload.size))
         return Response(status=status.HTTP_200_OK)
+
+
+class OperatorBuildViewSet(viewsets.ViewSet):
+    """``POST /admin/teams/{teamID}/builds/cancel``: the operator's admin token only."""
+
+    authentication_classes = [AdminTokenAuthentication, NoApiKeyHere]
+
+    @extend_schema(
+        operation_id="adminCancelTeamBuilds",
+        request=None,
+        responses={
+            200: inline_serializer(
+                "AdminBuildCancelResult",
+                {
+                    "cancelledCount": serializers.IntegerField(),
+                    "failedCount": serializers.IntegerField(),
+                },
+            ),
+            **errors(404),
+        },
+    )
+    def cancel_team(self, request: Request, team_id: str) -> Response:
+        cancelled, failed = services.builds_cancel_team(team=team_of(request))
+        return Response({"cancelledCount": cancelled, "failedCount": failed})

@@ -28,8 +28,20 @@ E2B_ROUTES = {
     "/snapshots": {"get"},
     "/templates": {"get"},
     "/templates/aliases/{alias}": {"get"},
-    "/templates/{templateID}": {"get", "delete"},
+    "/templates/{templateID}": {"get", "delete", "patch"},
     "/health": {"get"},
+    "/v2/templates": {"get"},
+    "/v2/templates/{templateID}": {"patch"},
+    "/teams": {"get"},
+    "/api-keys": {"get", "post"},
+    "/api-keys/{apiKeyID}": {"patch", "delete"},
+    "/access-tokens": {"post"},
+    "/access-tokens/{accessTokenID}": {"delete"},
+    "/admin/teams/{teamID}/sandboxes/kill": {"post"},
+    "/admin/sandboxes/running-counts": {"get"},
+    "/admin/teams/{teamID}/builds/cancel": {"post"},
+    "/admin/teams/{teamID}/api-keys": {"post"},
+    "/admin/teams/{teamID}/api-keys/{apiKeyID}": {"delete"},
 }
 
 

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import sqlite3
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,9 +149,19 @@ def create_teams(database_url: str, names: list[str]) -> dict[str, tuple[int, st
             ).fetchone()
             raw = "e2b_" + secrets.token_hex(20)
             conn.execute(
-                "INSERT INTO e2bfacade_apikey (team_id, name, key_hash, prefix, created_at) "
-                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark})",
-                (team_id, "live", hashlib.sha256(raw.encode()).hexdigest(), raw[:10], now),
+                "INSERT INTO e2bfacade_apikey (team_id, name, key_hash, prefix, created_at, "
+                "public_id, value_length, masked_suffix) "
+                f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark}, {mark})",
+                (
+                    team_id,
+                    "live",
+                    hashlib.sha256(raw.encode()).hexdigest(),
+                    raw[:10],
+                    now,
+                    uuid.uuid4().hex,  # PostgreSQL's uuid and Django's SQLite text alike
+                    40,
+                    raw[-4:],
+                ),
             )
             made[name] = (int(team_id), raw)
     return made
