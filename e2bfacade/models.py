@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import secrets
 
-from django.db import IntegrityError, models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Q
 
 # New keys are ``e2b_`` + 40 lowercase hex digits (160 random bits): E2B SDKs from about 2.25
@@ -30,7 +30,7 @@ class Team(models.Model):
     # The service's own team (at most one): it owns the builds of the public templates the
     # service makes (code-interpreter-v1). No API key authenticates as it, so no caller sees,
     # tags, rebuilds or deletes what it owns through the API.
-    system = models.BooleanField(default=False, editable=False)
+    system = models.BooleanField(default=False, db_default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -56,7 +56,8 @@ def system_team() -> Team:
     if team is not None:
         return team
     try:
-        return Team.objects.create(name=SYSTEM_TEAM_NAME, system=True)
+        with transaction.atomic():  # a savepoint: a caller's transaction survives the loss
+            return Team.objects.create(name=SYSTEM_TEAM_NAME, system=True)
     except IntegrityError:
         team = Team.objects.filter(system=True).first()
         if team is None:  # the name is another team's
