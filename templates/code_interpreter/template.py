@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,8 @@ STAGE = "/var/tmp/e2b-code-interpreter"
 INSTALL = f"""set -eu
 mkdir -p {GUEST_HOME}
 {HOST_PYTHON} -m venv --without-pip {GUEST_HOME}/venv
-PIP_CONFIG_FILE=/dev/null {GUEST_PYTHON} {STAGE}/wheels/pip-*.whl/pip install \
+set -- {STAGE}/wheels/pip-*.whl
+PIP_CONFIG_FILE=/dev/null {GUEST_PYTHON} "$1/pip" install \
 --no-index --find-links {STAGE}/wheels --no-input --disable-pip-version-check --no-compile \
 --no-warn-script-location --progress-bar off -r {STAGE}/requirements.txt
 rm -rf {STAGE}"""
@@ -190,7 +192,17 @@ def context(cache_dir: Path, digest: str) -> Path:
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _prune(cache_dir, keep=target)
     return target
+
+
+def _prune(cache_dir: Path, *, keep: Path) -> None:
+    """Remove the contexts of other inputs once an hour old (a build of them that is still
+    uploading its archives has had that long): the cache holds about one context."""
+    cutoff = time.time() - 3600
+    for path in cache_dir.iterdir():
+        if path != keep and path.is_dir() and path.stat().st_mtime < cutoff:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _fill(ctx: Path) -> None:
