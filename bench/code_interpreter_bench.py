@@ -4,10 +4,11 @@
 
 Starts its own deployment (the PostgreSQL server of DATABASE_URL, or SQLite with --sqlite)
 on a fresh SANDBOX_ROOT and builds ``code-interpreter-v1`` into it with ``manage.py
-build_code_interpreter`` (pip's cache makes that a rebuild from cached wheels; the first
-build on a machine also downloads them). Two servers share the deployment: one with the warm
-pool (``SANDBOX_WARM_POOL=1``, with the lifecycle worker that keeps it), one without it
-(``SANDBOX_WARM_POOL=0``: every create starts its own kernel). Needs root.
+build_code_interpreter`` (a build of the template pipeline in a build sandbox; the first
+build on a machine also downloads its wheels and npm packages into TEMPLATE_CACHE_DIR).
+Two servers share the deployment: one with the warm pool (``SANDBOX_WARM_POOL=1``, with the
+lifecycle worker that keeps it), one without it (``SANDBOX_WARM_POOL=0``: every create
+starts its own kernel). Needs root.
 
 Prints the template's build time and size; ``run_code("1+1")`` on a warm kernel; and
 create -> first ``run_code`` result, warm (a pool sandbox ready) and cold, interleaved one of
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from e2b_code_interpreter import Sandbox  # noqa: E402
 
 from bench.stats import percentile  # noqa: E402
+from e2bfacade.runtime.base import BUILTIN_IMAGE  # noqa: E402
 from tests.support.live_server import Deployment  # noqa: E402
 
 
@@ -72,10 +74,14 @@ def main() -> None:
         built = dep.manage("build_code_interpreter", timeout=1800).strip()
         build_s = time.monotonic() - started
         images = dep.sandbox_root / "images"
+        # Every image of the fresh root but the built-in base is the template's: its
+        # layers (the build's steps) and its final image.
         size = sum(
             f.stat().st_size
             for f in images.rglob("*")
-            if f.is_file() and not f.is_symlink() and "code-interpreter" in str(f)
+            if f.is_file()
+            and not f.is_symlink()
+            and f.relative_to(images).parts[0] != BUILTIN_IMAGE
         )
         warm = dep.server(workers=4, lifecycle_worker=True, SANDBOX_WARM_POOL="1")
         cold = dep.server(workers=4, lifecycle_worker=False, SANDBOX_WARM_POOL="0")

@@ -84,6 +84,12 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         # access to that team's sandboxes.
         return [*self.readonly_fields, "team"] if obj is not None else list(self.readonly_fields)
 
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # The system team has no keys (api_key_create refuses): it is not offered.
+        if db_field.name == "team":
+            kwargs["queryset"] = Team.objects.filter(system=False)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def save_model(
         self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool
     ) -> None:

@@ -27,8 +27,9 @@ fi
 
 "$python" manage.py migrate --no-input
 "$python" manage.py collectstatic --no-input -v0  # admin and /docs assets, served by whitenoise
-# The code-interpreter-v1 template (e2b_code_interpreter.Sandbox.create()): built once, from
-# Debian's python3 and PyPI (about 30 s and 700 MB); later runs find it built.
+# The code-interpreter-v1 template (e2b_code_interpreter.Sandbox.create()): built once by the
+# template pipeline, in a build sandbox, from wheels and npm packages this host downloads
+# (about 700 MB); later runs find a build of the same inputs and do nothing.
 if [[ "${SKIP_CODE_INTERPRETER:-0}" != 1 ]]; then
     "$python" manage.py build_code_interpreter
 fi

@@ -47,7 +47,7 @@ if [[ "${1:-}" == "--tests" ]]; then
     [[ -x /usr/bin/python3 ]] || packages+=(python3)
 fi
 # Debian's python3 at /usr/bin: the code-interpreter-v1 template's Python (its guests see the
-# host's /usr; manage.py build_code_interpreter makes its venv with it). python-is-python3:
+# host's /usr; the template's build makes its venv with it). python-is-python3:
 # `python` in the base template, as E2B's base template has it.
 [[ -x /usr/bin/python3 ]] || packages+=(python3)
 packages+=(python-is-python3)

@@ -3,24 +3,40 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+from dataclasses import dataclass
 from typing import IO
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
-from e2bfacade.models import Team
-from e2bfacade.runtime.base import BUILTIN_IMAGE, MIN_DISK_MB, Capacity, ImageInUse, check_id
+from e2bfacade.models import Team, system_team
+from e2bfacade.runtime.base import (
+    BUILTIN_IMAGE,
+    MIN_DISK_MB,
+    Capacity,
+    ImageInUse,
+    SandboxRuntimeError,
+    check_id,
+)
 from e2bfacade.sandbox_runtime import get_runtime
 from templates import code_interpreter
 from templates.builds import caches as build_caches
 from templates.builds import files as build_files
+from templates.builds import tags as tagging
+from templates.builds import worker
+from templates.builds.services import build_submit_system
 from templates.models import (
+    DEFAULT_TAG,
+    BuildLogEntry,
     BuildStatus,
     LayerCacheEntry,
     Template,
     TemplateBuild,
+    TemplateTag,
     new_template_id,
 )
 
@@ -229,9 +245,22 @@ def template_sweep_images() -> list[str]:
     return removed
 
 
-def template_build_code_interpreter() -> tuple[Template, code_interpreter.Built]:
-    """Build the ``code-interpreter-v1`` image unless it exists, and point the public
-    template of that name at it (made on first call). A failed build changes nothing."""
+@dataclass(frozen=True)
+class CodeInterpreterBuilt:
+    template: Template
+    build: TemplateBuild
+    fresh: bool  # False: a build of these inputs was there already
+    seconds: float
+
+
+def template_build_code_interpreter() -> CodeInterpreterBuilt:
+    """Build ``code-interpreter-v1`` with the template pipeline unless a ready build of the
+    same inputs exists (then nothing is built: its tag ``inputs-<digest>`` finds it), and
+    point the public template at it. The build is the system team's (no API key reaches
+    it); this process runs it unless a build worker took it first, and waits for it either
+    way. Its packages are fetched on the host (downloads only, kept by the inputs' digest in
+    TEMPLATE_CACHE_DIR) and installed in the build sandbox. Raises BuildFailed with the
+    build's reason and its last log lines; a failed build leaves the template as it was."""
     runtime = get_runtime()
     template_fits(
         runtime.capacity(),
@@ -241,21 +270,88 @@ def template_build_code_interpreter() -> tuple[Template, code_interpreter.Built]
         pids_max=DEFAULT_PIDS_MAX,
         disk_size_mb=code_interpreter.DISK_MB,
     )
-    built = code_interpreter.build(runtime)
-    with transaction.atomic():
-        template, _ = Template.objects.select_for_update().get_or_create(
+    code_interpreter.check_host()
+    began = time.monotonic()
+    digest = code_interpreter.inputs_digest()
+    inputs_tag = f"inputs-{digest[:16]}"
+    template = _public_template()
+    done = _built(template, inputs_tag)
+    if done is not None:
+        if template.image_id != done.image_id:  # the inputs changed and changed back
+            with transaction.atomic():
+                tagging.point(template, done, [DEFAULT_TAG])
+            template.refresh_from_db()
+        return CodeInterpreterBuilt(template, done, False, time.monotonic() - began)
+    context = code_interpreter.context(settings.TEMPLATE_CACHE_DIR / "code-interpreter", digest)
+    body = code_interpreter.spec(context)
+    team = system_team()
+    # The COPY archives, put in the team's store as the SDK uploads them (unless there).
+    for step in body["steps"]:
+        if step["type"] == "COPY" and not build_files.present(team, step["filesHash"]):
+            with code_interpreter.archive(context, step["args"][0]) as archive:
+                size = os.fstat(archive.fileno()).st_size
+                build_files.store_own(team.pk, step["filesHash"], archive, size)
+    build = build_submit_system(
+        template=template,
+        team=team,
+        body=body,
+        tags=[DEFAULT_TAG, inputs_tag],
+        cpu_count=code_interpreter.CPU_COUNT,
+        memory_mb=code_interpreter.MEMORY_MB,
+    )
+    _drive(build)
+    build.refresh_from_db()
+    if build.status != BuildStatus.READY:
+        reason = (build.reason or {}).get("message", build.status)
+        said = BuildLogEntry.objects.filter(build=build).order_by("-seq")[:15]
+        tail = "\n".join(e.message for e in reversed(said))
+        raise code_interpreter.BuildFailed(f"build {build.build_id} failed: {reason}\n{tail}")
+    template.refresh_from_db()
+    return CodeInterpreterBuilt(template, build, True, time.monotonic() - began)
+
+
+def _public_template() -> Template:
+    """``code-interpreter-v1``'s row, made (without an image: a create answers that it is
+    not built) on first use."""
+    try:
+        template, _ = Template.objects.get_or_create(
             template_id=code_interpreter.ALIAS,
             defaults={
                 "alias": code_interpreter.ALIAS,
                 "team": None,
-                "image_id": built.image.image_id,
+                "image_id": "",
                 "cpu_count": code_interpreter.CPU_COUNT,
                 "memory_mb": code_interpreter.MEMORY_MB,
                 "disk_size_mb": code_interpreter.DISK_MB,
             },
         )
-        if template.image_id != built.image.image_id or not template.size_bytes:
-            template.image_id = built.image.image_id
-            template.size_bytes = built.image.size_bytes
-            template.save(update_fields=["image_id", "size_bytes", "updated_at"])
-    return template, built
+    except IntegrityError:  # a concurrent first build made it
+        template = Template.objects.get(template_id=code_interpreter.ALIAS)
+    return template
+
+
+def _built(template: Template, inputs_tag: str) -> TemplateBuild | None:
+    """The ready build the inputs' tag points at, if its image is still on this host."""
+    tag = TemplateTag.objects.select_related("build").filter(template=template, tag=inputs_tag)
+    found = tag.first()
+    if found is None or found.build.status != BuildStatus.READY:
+        return None
+    try:
+        get_runtime().image_info(found.build.image_id)
+    except SandboxRuntimeError:
+        return None  # swept, or another host's root
+    return found.build
+
+
+def _drive(build: TemplateBuild) -> None:
+    """Run ``build`` here unless a build worker holds it; return once it has ended. A
+    worker's lease that runs out (it died) is taken over here, as a worker would."""
+    owner = worker.new_owner()
+    while True:
+        claimed = worker.claim_build(build.pk, owner)
+        if claimed is not None:
+            worker.run(claimed, owner)
+        status = TemplateBuild.objects.filter(pk=build.pk).values_list("status", flat=True)
+        if status.first() != BuildStatus.BUILDING:
+            return
+        time.sleep(1.0)

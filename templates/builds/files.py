@@ -275,6 +275,29 @@ def upload_write(upload: Upload, chunks: Iterable[bytes]) -> int:
     return size
 
 
+def store_own(team_id: int, files_hash: str, body: Readable, size: int) -> None:
+    """Put an archive the service made itself (a template of its own, e.g.
+    ``code-interpreter-v1``) in the team's store, as an upload would leave it: written
+    whole beside the archive and renamed over it, then recorded. No URL, claim or quota:
+    no client is in the way, and the caller bounds what it writes."""
+    target = path_of(team_id, files_hash)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".own-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks_of(body, size):
+                out.write(chunk)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    BuildFile.objects.update_or_create(
+        team_id=team_id,
+        files_hash=files_hash,
+        defaults={"size_bytes": size, "created_at": timezone.now()},
+    )
+
+
 def upload_timed_out() -> UploadTimedOut:
     return UploadTimedOut(
         f"the upload did not arrive within {settings.TEMPLATE_UPLOAD_SECONDS} s "

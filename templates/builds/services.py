@@ -257,6 +257,50 @@ def spec_of(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def build_submit_system(
+    *,
+    template: Template,
+    team: Team,
+    body: dict[str, Any],
+    tags: list[str],
+    cpu_count: int,
+    memory_mb: int,
+) -> TemplateBuild:
+    """A build the service makes of one of its public templates (``code-interpreter-v1``):
+    no request and no trigger, it is ``building`` at once with the steps of ``body`` (a
+    trigger's body), owned by ``team``, the system team no API key reaches; the build
+    worker runs it as any other. A build of the template already running with the same
+    steps is answered (two makers of one build run it once); one with other steps is
+    canceled, as a trigger cancels its template's running builds."""
+    if template.team_id is not None or not team.system:
+        raise ValueError("a system build is of a public template, by the system team")
+    spec = spec_of(body)
+    digest = hashlib.sha256(json.dumps([spec, None], sort_keys=True).encode()).hexdigest()
+    with transaction.atomic():
+        # The template's row orders concurrent submits: the second sees the first's build.
+        Template.objects.select_for_update().filter(pk=template.pk).first()
+        for running in TemplateBuild.objects.select_for_update().filter(
+            template=template, status=BuildStatus.BUILDING
+        ):
+            if running.spec_digest == digest:
+                return running
+            finish_error(running, CANCELED, step=None)
+        build = TemplateBuild.objects.create(
+            template=template,
+            team=team,
+            status=BuildStatus.BUILDING,
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
+            tags=tags,
+            spec=spec,
+            spec_digest=digest,
+            started_at=timezone.now(),
+            host=_this_host(),  # its archives are on this host: only its workers run it
+        )
+        wakeup.announce()
+    return build
+
+
 def _registry_auth(body: dict[str, Any]) -> bytes | None:
     auth = body.get("fromImageRegistry")
     if auth is None:

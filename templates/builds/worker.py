@@ -273,6 +273,27 @@ def _claim_one(
     return build
 
 
+def claim_build(build_id: uuid.UUID, owner: str) -> TemplateBuild | None:
+    """:func:`claim` of one build: a process that submitted a build (``manage.py
+    build_code_interpreter``) runs it itself unless a worker holds it already."""
+    now = timezone.now()
+    with transaction.atomic():
+        build = (
+            TemplateBuild.objects.select_for_update(skip_locked=True)
+            .filter(pk=build_id, status=BuildStatus.BUILDING)
+            .exclude(lease_until__gt=now)
+            .first()
+        )
+        if build is None:
+            return None
+        build.lease_owner = owner
+        build.lease_until = now + timedelta(seconds=settings.TEMPLATE_BUILD_LEASE_SECONDS)
+        build.attempts += 1
+        build.running_since = build.running_since or now  # its time limit counts from here
+        build.save(update_fields=["lease_owner", "lease_until", "attempts", "running_since"])
+    return build
+
+
 def run(build: TemplateBuild, owner: str) -> None:
     """Run one claimed build to its end (or until it is no longer ours)."""
     if build.attempts > MAX_ATTEMPTS:

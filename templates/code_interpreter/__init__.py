@@ -1,14 +1,17 @@
-"""The ``code-interpreter-v1`` template (see build.py)."""
+"""The ``code-interpreter-v1`` template (see template.py)."""
 
-from templates.code_interpreter.build import (
+from templates.code_interpreter.template import (
     ALIAS,
     CPU_COUNT,
     DISK_MB,
     MEMORY_MB,
     BuildFailed,
-    Built,
-    build,
-    image_id,
+    archive,
+    check_host,
+    context,
+    definition,
+    inputs_digest,
+    spec,
 )
 
 __all__ = [
@@ -17,7 +20,10 @@ __all__ = [
     "DISK_MB",
     "MEMORY_MB",
     "BuildFailed",
-    "Built",
-    "build",
-    "image_id",
+    "archive",
+    "check_host",
+    "context",
+    "definition",
+    "inputs_digest",
+    "spec",
 ]

@@ -28,6 +28,8 @@ class Command(BaseCommand):
         # inside a savepoint and, on IntegrityError from a concurrent insert, reads the
         # winner's row instead, so two commands run at once end with one team.
         team, created = Team.objects.get_or_create(name=name)
+        if team.system:
+            raise CommandError(f"{name!r} is the service's own team; it has no API keys")
         verb = "Created" if created else "Reusing existing"
         self.stdout.write(f"{verb} team {team.name!r} (id {team.pk}).")
         key, raw = api_key_create(team=team, name=key_name)
