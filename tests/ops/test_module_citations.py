@@ -28,6 +28,7 @@ NOT_OURS = {
     "path/like/this.py",  # test_architecture_paths.py's example of a name
     "isolated_settings/settings.py",  # a settings module a test writes to a temporary dir
     "etc/profile.d/e2b-code-interpreter.sh",  # inside the code-interpreter image
+    "guest/e2b_kernels.py",  # in the copy of the code-interpreter's inputs a test makes
     "env_vars/test_r.py",  # E2B's code-interpreter suite's files (docs/compatibility.md)
     "env_vars/test_java.py",
     "env_vars/test_python.py",
