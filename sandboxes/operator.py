@@ -1,16 +1,30 @@
 """What the operator does to sandboxes across a team or the host (E2B's admin routes, and
-the admin site's actions): kill a team's sandboxes, count the running ones per team."""
+the admin site's actions): kill a team's sandboxes, count the running ones per team, and
+E2B's ``/nodes`` view of the hosts.
+
+A node is a host holding sandboxes. This service runs its sandboxes on one host, so
+``/nodes`` lists that one (its id the opaque label tenants see in messages, never its
+machine name or root), always ``ready``; a status change other than ``ready`` is refused
+with a 400 saying why (draining or parking the only host would only refuse every create:
+moving sandboxes off a host needs several)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import platform
+from datetime import UTC, datetime
+from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Q, Sum
 
-from e2bfacade.errors import ApiError, NotFound
+from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_kill
+from sandboxes.transitions import host_label, this_host
+
+NODE_STATUSES = ("ready", "draining", "connecting", "unhealthy", "standby")
 
 logger = logging.getLogger(__name__)
 
@@ -50,3 +64,83 @@ def running_counts() -> dict[str, int]:
         .order_by("team_id")
     )
     return {str(row["team_id"]): int(row["n"]) for row in rows}
+
+
+def node_list() -> list[dict[str, Any]]:
+    """``GET /nodes``: this host, the one node of this service."""
+    return [node_detail(node_id=host_label(this_host()))]
+
+
+def node_detail(*, node_id: str) -> dict[str, Any]:
+    """``GET /nodes/{nodeID}`` in E2B's ``NodeDetail`` shape (a ``Node``'s fields too):
+    what this host holds, from the database (one grouped query) and the runtime's
+    capacity. 404 for any other id."""
+    host = this_host()
+    if node_id != host_label(host):
+        raise NotFound(f"node '{node_id}' not found")
+    from e2bfacade.sandbox_runtime import get_runtime
+
+    capacity = get_runtime().capacity()
+    live = Sandbox.objects.filter(Q(host=host) | Q(host=""))
+    totals = live.filter(state=Sandbox.State.RUNNING).aggregate(
+        n=Count("pk"), cpu=Sum("cpu_count"), memory=Sum("memory_mb")
+    )
+    starting = live.filter(state=Sandbox.State.CREATING).count()
+    uname = platform.uname()
+    return {
+        "id": node_id,
+        "serviceInstanceID": node_id,
+        "clusterID": "00000000-0000-0000-0000-000000000000",
+        "version": "e2bfacade",
+        "commit": "",
+        "status": "ready",
+        "statusChangedAt": _started_at(),
+        "sandboxCount": int(totals["n"] or 0),
+        "sandboxStartingCount": starting,
+        "createSuccesses": 0,
+        "createFails": 0,
+        "machineInfo": {
+            "cpuFamily": "",
+            "cpuModel": "",
+            "cpuModelName": uname.processor or uname.machine,
+            "cpuArchitecture": uname.machine,
+        },
+        "metrics": {
+            "allocatedCPU": int(totals["cpu"] or 0),
+            "allocatedMemoryBytes": int(totals["memory"] or 0) << 20,
+            "cpuPercent": 0,
+            "cpuCount": capacity.cpus,
+            "memoryUsedBytes": 0,
+            "memoryTotalBytes": capacity.memory_mb << 20,
+            "disks": [],
+            "hugePagesTotal": 0,
+            "hugePagesUsed": 0,
+            "hugePagesReserved": 0,
+            "hugePageSizeBytes": 0,
+        },
+    }
+
+
+def node_set_status(*, node_id: str, body: dict[str, Any]) -> None:
+    """``POST /nodes/{nodeID}``: ``ready`` is what the one host is (204); another status
+    is refused with a 400 naming why, never pretended."""
+    node_detail(node_id=node_id)  # 404 for another id
+    status = body.get("status")
+    if status not in NODE_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(NODE_STATUSES)}")
+    if status != "ready":
+        raise BadRequest(
+            f"node status '{status}' is not supported: this service runs its sandboxes on "
+            "one host, which stays ready (draining or parking it would only refuse every "
+            "create; moving sandboxes to another host needs a fleet of hosts)"
+        )
+
+
+def _started_at() -> str:
+    """When this process started: the node's status has been ``ready`` since."""
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    started = datetime.now(UTC).timestamp() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    return datetime.fromtimestamp(started, UTC).isoformat().replace("+00:00", "Z")

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from sandboxes.views import NodeViewSet as Nodes
 from sandboxes.views import OperatorViewSet as Op
 from sandboxes.views import SandboxViewSet as V
 from sandboxes.views import TeamMetricsViewSet as TeamMetrics
@@ -28,6 +29,8 @@ urlpatterns = [
     # E2B's operator routes (the admin token): matched before the admin site's /admin/.
     path("admin/teams/<str:team_id>/sandboxes/kill", Op.as_view({"post": "kill_team"})),
     path("admin/sandboxes/running-counts", Op.as_view({"get": "running_counts"})),
+    path("nodes", Nodes.as_view({"get": "list"})),
+    path("nodes/<str:node_id>", Nodes.as_view({"get": "retrieve", "post": "set_status"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
 ]

@@ -362,3 +362,29 @@ class OperatorViewSet(viewsets.ViewSet):
     )
     def running_counts(self, request: Request) -> Response:
         return Response(operator.running_counts())
+
+
+class NodeViewSet(viewsets.ViewSet):
+    """E2B's ``/nodes`` admin routes (the admin token alone): this service's one host."""
+
+    authentication_classes = [AdminTokenAuthentication, NoApiKeyHere]
+    admin_team = False
+
+    @extend_schema(operation_id="getNodes", responses={200: OpenApiTypes.OBJECT, **errors()})
+    def list(self, request: Request) -> Response:
+        return Response(operator.node_list())
+
+    @extend_schema(
+        operation_id="getNodesNodeID", responses={200: OpenApiTypes.OBJECT, **errors(404)}
+    )
+    def retrieve(self, request: Request, node_id: str) -> Response:
+        return Response(operator.node_detail(node_id=node_id))
+
+    @extend_schema(
+        operation_id="postNodesNodeID",
+        request=OpenApiTypes.OBJECT,
+        responses={204: None, **errors(400, 404)},
+    )
+    def set_status(self, request: Request, node_id: str) -> Response:
+        operator.node_set_status(node_id=node_id, body=json_body(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -104,14 +104,6 @@ MISSING: dict[tuple[str, str], str] = {
             ("DELETE", "/secrets/{secretID}"),
         ]
     },
-    **{
-        route: "E2B's cluster-node admin routes are not served"
-        for route in [
-            ("GET", "/nodes"),
-            ("GET", "/nodes/{nodeID}"),
-            ("POST", "/nodes/{nodeID}"),
-        ]
-    },
 }
 
 PLACEHOLDER_UUID = "00000000-0000-0000-0000-000000000000"

@@ -141,3 +141,33 @@ def test_e2bs_admin_paths_and_the_admin_site_never_shadow_each_other(team: Team)
     for url in site_urls:
         assert resolve(url).namespaces == ["admin"], url
     assert Client().get("/admin/login/").status_code == 200
+
+
+def test_nodes_are_this_services_one_host_under_an_opaque_id(
+    operator: APIClient, api_client: APIClient, runtime: LocalRuntime
+) -> None:
+    from sandboxes.transitions import host_label
+
+    client = api_client
+    started(client, 2)
+    nodes = operator.get("/nodes")
+    assert nodes.status_code == 200, nodes.content
+    [node] = nodes.json()
+    assert node["id"] == host_label(runtime.host_id)
+    assert node["status"] == "ready" and node["sandboxCount"] == 2
+    assert node["metrics"]["cpuCount"] == runtime.capacity().cpus
+    assert node["metrics"]["allocatedMemoryBytes"] == 2 * 512 << 20
+    text = nodes.content.decode()
+    assert str(runtime.root) not in text  # no host path in what is answered
+    detail = operator.get(f"/nodes/{node['id']}")
+    assert detail.status_code == 200 and detail.json()["id"] == node["id"]
+    assert operator.get("/nodes/not-a-node").status_code == 404
+    # The one host stays ready: other statuses are refused by name, never pretended.
+    assert (
+        operator.post(f"/nodes/{node['id']}", {"status": "ready"}, format="json").status_code == 204
+    )
+    drain = operator.post(f"/nodes/{node['id']}", {"status": "draining"}, format="json")
+    assert drain.status_code == 400 and "one host" in drain.json()["message"]
+    assert operator.post(f"/nodes/{node['id']}", {"status": "x"}, format="json").status_code == 400
+    # An API key is not the operator's.
+    assert client.get("/nodes").status_code in (401, 403)
