@@ -28,7 +28,7 @@ from e2bfacade.runtime.base import (
 from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
 from sandboxes.logs import Level, sandbox_log_event
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, SandboxLogEntry
 from sandboxes.services import KEPT, sandbox_finish_kill
 from sandboxes.transitions import (
     TIMEOUT_KILL,
@@ -231,6 +231,58 @@ def sandbox_reconcile() -> dict[str, list[str]]:
     # files kept), so it is looked at again; what runs, or was paused, need not be.
     reaped = runtime.sweep(seen_live=census.live - census.kept)
     return {"gone": gone, "orphans": orphans, "reaped": reaped, "kept": kept}
+
+
+LIMIT_EVENTS = (
+    (
+        "oom",
+        "oom_kills",
+        Level.ERROR,
+        "out of memory: the kernel killed {n} process(es) of the "
+        "sandbox at its memory limit ({total} since it started)",
+    ),
+    (
+        "pid_limit",
+        "pid_limit_hits",
+        Level.WARN,
+        "pid limit reached: {n} fork(s) refused at the "
+        "sandbox's process limit ({total} since it started)",
+    ),
+)
+
+
+def sandbox_log_limits() -> list[str]:
+    """Log the limits this host's running sandboxes met since the last look: processes the
+    kernel killed at the memory limit (OOM) and forks refused at the pids limit, read from
+    the runtime's counters. The count a log entry last reported is the baseline (the event's
+    newest entry, only for a sandbox whose counter is not zero); counters start afresh with
+    a sandbox's processes, so a count below it is a new start. Returns the ids logged."""
+    runtime = get_runtime()
+    logged = []
+    running = Sandbox.objects.on_host(runtime.host_id).filter(state=State.RUNNING)
+    for sandbox_id in running.values_list("sandbox_id", flat=True):
+        try:
+            counters = runtime.limit_events(sandbox_id)
+        except SandboxRuntimeError:
+            continue  # ended since the list was read
+        for event, attr, level, text in LIMIT_EVENTS:
+            total = int(getattr(counters, attr))
+            if not total:
+                continue
+            last = (
+                SandboxLogEntry.objects.filter(sandbox_id=sandbox_id, fields__event=event)
+                .order_by("-timestamp", "-id")
+                .values_list("fields", flat=True)
+                .first()
+            )
+            seen = int((last or {}).get("count", 0))
+            if total == seen:
+                continue
+            n = total - seen if total > seen else total
+            message = text.format(n=n, total=total)
+            sandbox_log_event(sandbox_id, message, level=level, event=event, count=str(total))
+            logged.append(sandbox_id)
+    return logged
 
 
 def _record_kept(sandbox_id: str, state: str) -> bool:

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
+# Part of the interface, kept in a module of their own (this one is long enough).
+from e2bfacade.runtime.measures import LimitEvents as LimitEvents
+from e2bfacade.runtime.measures import Metrics as Metrics
+
 if TYPE_CHECKING:
     from e2bfacade.runtime.guest import Guest
     from e2bfacade.runtime.volumes import VolumeMount
@@ -235,19 +239,6 @@ class Census:
     kept: frozenset[str]
 
 
-@dataclass(frozen=True)
-class Metrics:
-    cpu_count: int
-    cpu_used_pct: float
-    cpu_usage_ns: int
-    mem_used: int
-    mem_total: int
-    mem_cache: int
-    disk_used: int
-    disk_total: int
-    pids: int
-
-
 # --------------------------------------------------------------------------- processes
 @dataclass(frozen=True)
 class PtySize:
@@ -453,9 +444,8 @@ class StartCommand:
 
 @dataclass(frozen=True)
 class ConsoleLine:
-    """A line a template's start or ready command wrote while its sandbox booted: when it
-    was read (unix seconds), which command (``start`` or ``ready``), which stream, and the
-    text (cut at ``e2bfacade.runtime.start.LINE_MAX`` bytes, bad UTF-8 replaced)."""
+    """A line a template's start or ready command wrote while its sandbox booted: when read
+    (unix seconds), which command (``start``/``ready``), which stream, the text (cut)."""
 
     at: float
     source: str
@@ -466,12 +456,11 @@ class ConsoleLine:
 @dataclass(frozen=True)
 class ImageBuild:
     """An image made by code instead of an archive: ``populate`` fills the new layer's
-        root (a directory on the host, on top of ``parent``'s files); ``env`` is the
-        environment of every process in its sandboxes (under the sandbox's env vars), ``workdir``
-    their working directory when they name none. Without
-        a ``parent``, what ``populate`` makes is a whole root file system, finished as an
-        imported archive is (the driver's mount points, the default user's account and home
-        when it has none)."""
+    root (a directory on the host, on top of ``parent``'s files); ``env`` is the environment
+    of every process in its sandboxes (under the sandbox's env vars), ``workdir`` their
+    working directory when they name none. Without a ``parent``, what ``populate`` makes is
+    a whole root file system, finished as an imported archive is (the driver's mount points,
+    the default user's account and home when it has none)."""
 
     image_id: str
     parent: str | None
@@ -555,12 +544,12 @@ class Runtime(Protocol):
         ...
 
     def metrics(self, sandbox_id: str) -> Metrics: ...
+    def limit_events(self, sandbox_id: str) -> LimitEvents:
+        """The limits it met since its processes started; zeros when it has none."""
+
     def start_output(self, sandbox_id: str) -> builtins.list[ConsoleLine]:
-        """What the template's start and ready commands wrote during the sandbox's latest
-        boot (its create, a pool sandbox's start before it was claimed, or a cold boot),
-        until it was ready or failed to be: the newest lines, bounded in count and bytes
-        (``e2bfacade.runtime.start``) however much the guest wrote. Empty for a sandbox
-        without a start command; raises SandboxNotFound for an unknown one."""
+        """What its start and ready commands wrote during its latest boot, until ready or
+        failed: the newest lines, bounded (``e2bfacade.runtime.start``); SandboxNotFound."""
         ...
 
     def capacity(self) -> Capacity: ...

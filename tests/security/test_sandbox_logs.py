@@ -421,3 +421,32 @@ def test_old_team_samples_are_purged(team: Team, settings: Any) -> None:
     TeamMetricSample.objects.create(team=team, at=int(now.timestamp()) - 10, concurrent=1)
     later = now + timedelta(seconds=settings.TEAM_METRICS_RETENTION_SECONDS + 60)
     assert usage.team_metrics_purge(now=later) == 1
+
+
+def test_the_limits_a_sandbox_meets_are_logged_once_each(
+    api_client: APIClient, api_key: Any, runtime: LocalRuntime
+) -> None:
+    """A process killed at the memory limit and forks refused at the pids limit are read
+    from the sandbox's counters by the worker and logged once; a second look logs nothing."""
+    from sandboxes.worker import sandbox_log_limits
+    from tests.runtime.helpers import sh
+    from tests.support.factories import TemplateFactory
+
+    TemplateFactory.create(
+        team=api_key.team, alias="tight", image_id="base", memory_mb=128, pids_max=64
+    )
+    response = api_client.post("/v2/sandboxes", {"templateID": "tight"}, format="json")
+    assert response.status_code == 201, response.content
+    sandbox_id = response.json()["sandboxID"]
+    assert sandbox_log_limits() == []  # nothing met yet
+    # 512 MiB asked of a 128 MiB sandbox: the kernel kills the process.
+    hog = sh(runtime, sandbox_id, "python3 -c 'b = bytearray(512 << 20); print(len(b))'")
+    assert hog.exit_code != 0
+    # More processes than its pids limit: forks are refused (the shell reports them).
+    sh(runtime, sandbox_id, "for i in $(seq 100); do sleep 3 & done; wait", timeout=60)
+    assert sandbox_log_limits() == [sandbox_id, sandbox_id]
+    assert sandbox_log_limits() == []  # the same counts: logged once
+    found = {e["fields"]["event"]: e for e in entries(api_client, sandbox_id)}
+    assert found["oom"]["level"] == "error" and "out of memory" in found["oom"]["message"]
+    assert found["pid_limit"]["level"] == "warn"
+    assert "pid limit reached" in found["pid_limit"]["message"]

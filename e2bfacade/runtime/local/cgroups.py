@@ -23,6 +23,20 @@ def _read(path: Path) -> str:
     return path.read_text().strip()
 
 
+def _counter(path: Path, name: str) -> int:
+    """The value of ``name`` in a flat keyed cgroup file (``name value`` lines); 0 when the
+    file or the key is missing (an older kernel, groups already gone)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -139,6 +153,11 @@ class Cgroups:
 
     def stats(self, sandbox_id: str) -> tuple[int, int, int, int]:
         """(cpu ns used, memory used bytes, page cache bytes, memory limit bytes)."""
+        raise NotImplementedError
+
+    def limit_events(self, sandbox_id: str) -> tuple[int, int]:
+        """(processes the kernel killed for the memory limit, forks refused at the pids
+        limit), counted since the groups were made."""
         raise NotImplementedError
 
     # Shared helpers -----------------------------------------------------------------------
@@ -291,6 +310,11 @@ class CgroupsV1(Cgroups):
                 cache = int(value)
         return cpu_ns, mem_used, cache, limit
 
+    def limit_events(self, sandbox_id: str) -> tuple[int, int]:
+        dirs = self._dirs(sandbox_id)
+        oom = _counter(dirs["memory"] / "memory.oom_control", "oom_kill")
+        return oom, _counter(dirs["pids"] / "pids.events", "max")
+
 
 class CgroupsV2(Cgroups):
     version = 2
@@ -401,6 +425,10 @@ class CgroupsV2(Cgroups):
             if name == "file":
                 cache = int(value)
         return cpu_ns, mem_used, cache, limit
+
+    def limit_events(self, sandbox_id: str) -> tuple[int, int]:
+        d = self._dir(sandbox_id)
+        return _counter(d / "memory.events", "oom_kill"), _counter(d / "pids.events", "max")
 
 
 def detect(parent_name: str, prefer: str = "auto") -> Cgroups:

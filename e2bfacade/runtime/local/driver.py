@@ -32,6 +32,7 @@ from e2bfacade.runtime.base import (
     ImageBuild,
     ImageInfo,
     ImageInUse,
+    LimitEvents,
     Metrics,
     NetworkPolicy,
     PauseMode,
@@ -365,6 +366,9 @@ class LocalRuntime(Steps):
         _, info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
         return metrics.sample(self.cgroups, self.layout.sandbox_dir(sandbox_id), info)
 
+    def limit_events(self, sandbox_id: str) -> LimitEvents:
+        return metrics.limit_events(self.cgroups, sandbox_id)
+
     def capacity(self) -> Capacity:
         return self._capacity
 
@@ -384,9 +388,8 @@ class LocalRuntime(Steps):
 
     def discard_spares(self) -> None:
         """End every parked launcher, pooled disk and pool sandbox, and unmount the volumes
-        on the host (for a runtime being torn down, or a service that stops: no mount or
-        loop device is left for them; running sandboxes keep their volumes, and the next
-        use of one mounts it on the host again)."""
+        on the host (a runtime torn down, or a service that stops: running sandboxes keep
+        their volumes, and the next use of one mounts it on the host again)."""
         self.warm.discard()
         self.refill.discard()
         self.volumes.release()

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from e2bfacade.runtime.base import Metrics, PauseMode, SandboxInfo
+from e2bfacade.runtime.base import LimitEvents, Metrics, PauseMode, SandboxInfo
 from e2bfacade.runtime.local.cgroups import Cgroups
 from e2bfacade.runtime.local.storage import disks
 
@@ -39,3 +39,12 @@ def sample(cgroups: Cgroups, sandbox_dir: Path, info: SandboxInfo) -> Metrics:
         disk_total=disk_total,
         pids=len(cgroups.pids(info.sandbox_id)),
     )
+
+
+def limit_events(cgroups: Cgroups, sandbox_id: str) -> LimitEvents:
+    """The sandbox's groups' counters of the limits it met (zeros once they are gone: a
+    filesystem pause or a crash ends them, and a boot starts them afresh)."""
+    if not cgroups.exists(sandbox_id):
+        return LimitEvents()
+    oom, pids = cgroups.limit_events(sandbox_id)
+    return LimitEvents(oom_kills=oom, pid_limit_hits=pids)

@@ -114,6 +114,7 @@ class Command(BaseCommand):
             for kind, ids in result.items():
                 for sandbox_id in ids:
                     logger.info("reconcile: sandbox %s %s", sandbox_id, kind)
+            worker.sandbox_log_limits()
         if full or n % 60 == 0:
             purge_windows()
             purged = idempotency.purge_expired()
