@@ -13,7 +13,7 @@ from django.conf import settings
 
 from e2bfacade import failpoints, observability
 from e2bfacade.runtime import registry
-from e2bfacade.runtime.base import Capability, Runtime
+from e2bfacade.runtime.base import Capability, Runtime, RuntimeUnavailable
 
 _lock = threading.Lock()
 _runtimes: dict[str, Runtime] = {}
@@ -27,9 +27,14 @@ def get_runtime() -> Runtime:
         if key not in _runtimes:
             # Always metered: every operation's duration goes to /metrics.
             driver = registry.driver_class(settings.SANDBOX_RUNTIME)
-            runtime: Runtime = observability.metered(driver)(
-                settings.SANDBOX_ROOT, **settings.SANDBOX_RUNTIME_OPTIONS
-            )
+            try:
+                runtime: Runtime = observability.metered(driver)(
+                    settings.SANDBOX_ROOT, **settings.SANDBOX_RUNTIME_OPTIONS
+                )
+            except OSError as exc:
+                # A root it cannot make or use: the runtime's own refusal, which every
+                # caller answers (503), never an unexplained 500.
+                raise RuntimeUnavailable(f"the sandbox runtime cannot start: {exc}") from exc
             if failpoints.enabled("runtime."):
                 runtime = FaultyRuntime(runtime)
             _runtimes[key] = runtime

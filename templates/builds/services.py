@@ -22,8 +22,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from e2bfacade import crypto
-from e2bfacade.errors import ApiError, AtCapacity, BadRequest
+from e2bfacade.errors import ApiError, AtCapacity, BadRequest, ServiceUnavailable
 from e2bfacade.models import Team
+from e2bfacade.runtime.base import Runtime, SandboxRuntimeError
 from templates.builds import names, wakeup
 from templates.models import (
     DEFAULT_TAG,
@@ -160,17 +161,29 @@ def _expire_waiting(team: Team) -> None:
 
 
 def _this_host() -> str:
+    return _runtime().host_id
+
+
+def _runtime() -> Runtime:
+    """The runtime, or a 503 saying why there is none (a build needs its host's)."""
     from e2bfacade.sandbox_runtime import get_runtime
 
-    return get_runtime().host_id
+    try:
+        runtime = get_runtime()
+        runtime.capacity()
+    except SandboxRuntimeError as exc:
+        raise ServiceUnavailable(
+            f"template builds are unavailable on this host: {exc.message}",
+            headers={"Retry-After": "5"},
+        ) from exc
+    return runtime
 
 
 def _check_fits(name: str, cpu: int, memory: int) -> None:
-    from e2bfacade.sandbox_runtime import get_runtime
     from templates.services import DEFAULT_PIDS_MAX, template_fits
 
     template_fits(
-        get_runtime().capacity(),
+        _runtime().capacity(),
         name=name,
         cpu_count=cpu,
         memory_mb=memory,

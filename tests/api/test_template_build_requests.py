@@ -137,3 +137,18 @@ def test_the_worker_finishes_a_keyed_request_whose_client_never_retried(
     assert TemplateBuild.objects.filter(pk=record.resource_id).exists()
     replay = post(api_client, key, name="abandoned")
     assert replay.status_code == 202 and replay.json()["buildID"] == record.resource_id
+
+
+def test_a_build_request_on_a_host_whose_runtime_cannot_start_is_a_503_never_a_500(
+    api_client: APIClient, settings: Any, tmp_path: Any
+) -> None:
+    (tmp_path / "file").write_text("")
+    settings.SANDBOX_ROOT = tmp_path / "file" / "root"  # a root that cannot be made
+    response = post(api_client, None, name="no-runtime")
+    assert response.status_code == 503, response.content
+    assert "template builds are unavailable on this host" in response.json()["message"]
+    assert response["Retry-After"] == "5"
+    assert not TemplateBuild.objects.exists()
+    # The sandbox create answers the same runtime's refusal as a 503 too.
+    create = api_client.post("/v2/sandboxes", {"templateID": "base"}, format="json")
+    assert create.status_code == 503, create.content
