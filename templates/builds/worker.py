@@ -247,15 +247,17 @@ def _running_per_team(teams: set[int], now: datetime) -> dict[int, int]:
 
 
 def _claim_one(
-    pk: uuid.UUID, team_id: int, owner: str, now: datetime, cap: int
+    pk: uuid.UUID, team_id: int, owner: str, now: datetime, cap: int | None
 ) -> TemplateBuild | None:
-    """Take build ``pk`` unless another worker took it, or its team reached ``cap``, first."""
+    """Take build ``pk`` unless another worker took it, or its team reached ``cap`` (None:
+    no cap), first."""
     with transaction.atomic():
-        # The team's row lock serialises the team's claims (on every host): two workers
-        # must not both find the team under its cap and both take one of its builds.
-        list(Team.objects.select_for_update().filter(pk=team_id).values_list("pk"))
-        if _running_per_team({team_id}, now).get(team_id, 0) >= cap:
-            return None
+        if cap is not None:
+            # The team's row lock serialises the team's claims (on every host): two workers
+            # must not both find the team under its cap and both take one of its builds.
+            list(Team.objects.select_for_update().filter(pk=team_id).values_list("pk"))
+            if _running_per_team({team_id}, now).get(team_id, 0) >= cap:
+                return None
         build = (
             TemplateBuild.objects.select_for_update(skip_locked=True)
             .filter(pk=pk, status=BuildStatus.BUILDING)
@@ -275,23 +277,9 @@ def _claim_one(
 
 def claim_build(build_id: uuid.UUID, owner: str) -> TemplateBuild | None:
     """:func:`claim` of one build: a process that submitted a build (``manage.py
-    build_code_interpreter``) runs it itself unless a worker holds it already."""
-    now = timezone.now()
-    with transaction.atomic():
-        build = (
-            TemplateBuild.objects.select_for_update(skip_locked=True)
-            .filter(pk=build_id, status=BuildStatus.BUILDING)
-            .exclude(lease_until__gt=now)
-            .first()
-        )
-        if build is None:
-            return None
-        build.lease_owner = owner
-        build.lease_until = now + timedelta(seconds=settings.TEMPLATE_BUILD_LEASE_SECONDS)
-        build.attempts += 1
-        build.running_since = build.running_since or now  # its time limit counts from here
-        build.save(update_fields=["lease_owner", "lease_until", "attempts", "running_since"])
-    return build
+    build_code_interpreter``) runs it itself unless a worker holds it already (the service's
+    own build: no team's cap applies)."""
+    return _claim_one(build_id, 0, owner, timezone.now(), None)
 
 
 def run(build: TemplateBuild, owner: str) -> None:

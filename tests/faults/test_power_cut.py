@@ -18,11 +18,11 @@ from tests.support.runtime_support import power_cut
 MARKERS = {"running": "r", "frozen": "f", "filesystem": "s"}
 
 
-def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
-    cut_deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    dep, server = cut_deployment
-    api_key = dep.take_team().api_key
+def three_kinds(
+    server: Server, api_key: str, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Sandbox]:
+    """A sandbox of each kind the cut meets, each with its marker file synced to disk: one
+    running, one paused with its memory (frozen), one paused with its files only."""
     monkeypatch.setenv("E2B_API_URL", server.url)
     monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
     monkeypatch.setenv("E2B_API_KEY", api_key)
@@ -34,6 +34,15 @@ def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
         made[name] = sbx
     assert made["frozen"].pause()
     assert made["filesystem"].pause(keep_memory=False)
+    return made
+
+
+def test_a_power_cut_loses_no_sandbox_and_each_resumes_with_its_files(
+    cut_deployment: tuple[Deployment, Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dep, server = cut_deployment
+    api_key = dep.take_team().api_key
+    made = three_kinds(server, api_key, monkeypatch)
     tokens = {
         name: sandbox_detail(server.url, api_key, s.sandbox_id)["envdAccessToken"]
         for name, s in made.items()
@@ -73,17 +82,7 @@ def test_a_client_that_reconnects_right_after_a_power_cut_gets_its_sandbox_back(
     data-plane call works), never a 201 for a sandbox that is not running, never a 500."""
     dep, server = cut_deployment
     api_key = dep.take_team().api_key
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", api_key)
-    made: dict[str, Sandbox] = {}
-    for name, marker in MARKERS.items():
-        sbx = Sandbox.create(timeout=600)
-        sbx.files.write("/home/user/marker.txt", marker)
-        sbx.commands.run("sync")
-        made[name] = sbx
-    assert made["frozen"].pause()
-    assert made["filesystem"].pause(keep_memory=False)
+    made = three_kinds(server, api_key, monkeypatch)
 
     server.kill()
     power_cut(server.sandbox_root, one_by_one=one_by_one)
