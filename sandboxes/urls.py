@@ -1,7 +1,8 @@
-"""Sandbox and volume routes, at the root as E2B has them (no prefix, no trailing slash)."""
+"""Sandbox, volume and secret routes, at the root as E2B has them (no prefix, no trailing slash)."""
 
 from django.urls import path
 
+from sandboxes.secrets.views import SecretViewSet as Sec
 from sandboxes.views import SandboxViewSet as V
 from sandboxes.volumes.views import VolumeViewSet as Vol
 
@@ -19,4 +20,9 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>/metrics", V.as_view({"get": "metrics"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
+    path("secrets", Sec.as_view({"get": "list", "post": "create"})),
+    path(
+        "secrets/<str:secret_id>",
+        Sec.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
+    ),
 ]
