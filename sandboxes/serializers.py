@@ -56,6 +56,64 @@ class StringListField(serializers.ListField):
         super().__init__(child=StrictCharField(max_length=253), max_length=max_items, **kwargs)
 
 
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+# Written by the proxy itself, or framing the request: a rule may not set them.
+RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"}
+)
+MAX_RULE_DOMAINS = 100
+MAX_RULE_HEADERS = 50
+
+
+class NetworkRulesField(serializers.Field):  # type: ignore[type-arg]
+    """E2B's ``rules``: ``{domain: [{"transform": {"headers": {name: value}}}]}``. A domain
+    is a name or a pattern as in ``allowOut``; header names are HTTP tokens (not the ones
+    that frame a request); values are printable, and may hold ``${e2b.secrets.<name>}``
+    placeholders (checked against the team's secrets by the service)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, list[dict[str, Any]]]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object of domain: [rule]")
+        if len(data) > MAX_RULE_DOMAINS:
+            raise serializers.ValidationError(f"at most {MAX_RULE_DOMAINS} domains")
+        out: dict[str, list[dict[str, Any]]] = {}
+        for domain, rules in data.items():
+            if not DOMAIN.fullmatch(domain.lower().rstrip(".")):
+                raise serializers.ValidationError(f"invalid rule domain {domain}")
+            if not isinstance(rules, list):
+                raise serializers.ValidationError(f"rules of {domain} must be a list")
+            out[domain] = [self._rule(domain, rule) for rule in rules]
+        return out
+
+    def _rule(self, domain: str, rule: Any) -> dict[str, Any]:
+        transform = rule.get("transform") if isinstance(rule, dict) else None
+        if transform is None:
+            return {}
+        headers = transform.get("headers") if isinstance(transform, dict) else None
+        if headers is None:
+            return {"transform": {}}
+        if not isinstance(headers, dict) or len(headers) > MAX_RULE_HEADERS:
+            raise serializers.ValidationError(
+                f"transform.headers of {domain} must be an object of at most "
+                f"{MAX_RULE_HEADERS} string values"
+            )
+        for name, value in headers.items():
+            if not HEADER_NAME.fullmatch(name) or name.lower() in RESERVED_HEADERS:
+                raise serializers.ValidationError(f"header {name!r} of {domain} cannot be set")
+            if not isinstance(value, str) or len(value) > 8192:
+                raise serializers.ValidationError(
+                    f"header {name} of {domain} must be a string of at most 8192 characters"
+                )
+            if any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+                raise serializers.ValidationError(
+                    f"header {name} of {domain} must not contain control characters"
+                )
+        return {"transform": {"headers": dict(headers)}}
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class EgressSerializer(NullMeansAbsent):
     """``allowOut`` / ``denyOut`` / ``dnsServers``, as E2B validates them (create's
     ``network`` and the body of ``PUT /sandboxes/{id}/network``)."""
@@ -63,9 +121,9 @@ class EgressSerializer(NullMeansAbsent):
     allowOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
     denyOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
     dnsServers = StringListField(required=False, allow_null=True, max_items=10)
-    # Accepted by E2B's cloud only, or not at all by this server: refused by name.
+    rules = NetworkRulesField(required=False, allow_null=True)
+    # Not supported by this server: refused by name.
     egressProxy = serializers.JSONField(required=False, allow_null=True)
-    rules = serializers.JSONField(required=False, allow_null=True)
 
     def validate_allowOut(self, value: list[str] | None) -> list[str] | None:
         for entry in value or []:
@@ -101,10 +159,7 @@ class EgressSerializer(NullMeansAbsent):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors = {
             name: [why]
-            for name, why in (
-                ("egressProxy", "an egress proxy is not supported by this server"),
-                ("rules", "request transform rules are not supported by this server"),
-            )
+            for name, why in (("egressProxy", "an egress proxy is not supported by this server"),)
             if attrs.get(name)
         }
         if errors:
@@ -243,7 +298,7 @@ class NewSandboxSerializer(NullMeansAbsent):
 
 
 def _rules_in(network: dict[str, Any] | None) -> bool:
-    return any((network or {}).get(k) for k in ("allowOut", "denyOut", "dnsServers"))
+    return any((network or {}).get(k) for k in ("allowOut", "denyOut", "dnsServers", "rules"))
 
 
 def _json_safe(value: Any) -> Any:

@@ -32,6 +32,7 @@ from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.admission import host_capacity, sandbox_admit
 from sandboxes.models import Sandbox, SandboxVolumeMount, new_access_token, new_sandbox_id
+from sandboxes.secrets.selectors import check_rule_placeholders
 from sandboxes.transitions import (
     CONNECT,
     KILL,
@@ -70,14 +71,26 @@ class CreateRequest:
     volume_mounts: tuple[tuple[str, str], ...] = ()
 
 
+NETWORK_FIELDS = ("allowOut", "denyOut", "dnsServers", "rules")  # what a sandbox keeps
+
+
 def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
-    """The runtime's view of a sandbox's egress (E2B's allowOut / denyOut / dnsServers)."""
+    """The runtime's view of a sandbox's egress (E2B's allowOut / denyOut / dnsServers, and
+    its ``rules``: per domain, the headers of its rules' transforms, merged in order)."""
     dns = network.get("dnsServers")
+    transforms = []
+    for domain, rules in (network.get("rules") or {}).items():
+        headers: dict[str, str] = {}
+        for rule in rules:
+            headers |= (rule.get("transform") or {}).get("headers") or {}
+        if headers:
+            transforms.append((domain, tuple(headers.items())))
     return NetworkPolicy(
         allow_internet=allow_internet,
         allow_out=tuple(network.get("allowOut") or ()),
         deny_out=tuple(network.get("denyOut") or ()),
         dns_servers=None if dns is None else tuple(dns),
+        transforms=tuple(transforms),
     )
 
 
@@ -109,6 +122,7 @@ def sandbox_reserve(
             f"template '{request.template_ref}' has no ready build yet",
             headers={"Should-Retry": "false"},
         )
+    check_rule_placeholders(team_id=team.pk, rules=request.network.get("rules"))
     host = sandbox_admit(team=team, template=template)
     # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
     mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
@@ -135,9 +149,7 @@ def sandbox_reserve(
         auto_resume=request.auto_resume,
         host=host,
         allow_internet_access=request.allow_internet,
-        network={
-            k: v for k, v in request.network.items() if k in ("allowOut", "denyOut", "dnsServers")
-        },
+        network={k: v for k, v in request.network.items() if k in NETWORK_FIELDS},
         traffic_access_token=(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
@@ -278,6 +290,7 @@ def sandbox_update_network(
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
     wanted = {k: v for k, v in network.items() if v is not None}
+    check_rule_placeholders(team_id=team.pk, rules=wanted.get("rules"))
     Sandbox.objects.filter(pk=sandbox.pk).update(
         allow_internet_access=allow_internet, network=wanted
     )

@@ -168,7 +168,7 @@ class SandboxViewSet(viewsets.ViewSet):
             team=team_of(request),
             sandbox_id=sandbox_id,
             allow_internet=allow_internet(data.pop("allow_internet_access", None)),
-            network={k: data.get(k) for k in ("allowOut", "denyOut", "dnsServers")},
+            network={k: data.get(k) for k in services.NETWORK_FIELDS},
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
 

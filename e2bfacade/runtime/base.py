@@ -124,7 +124,7 @@ class Capability(enum.StrEnum):
     so no driver is ever asked for what it cannot honour."""
 
     INTERNET_ACCESS = "internet_access"  # egress beyond the sandbox's own loopback
-    NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers
+    NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers / rules
     FILESYSTEM_PAUSE = "filesystem_pause"  # pause(memory=False): drops memory, keeps files
     REBOOT_ON_RESUME = "reboot_on_resume"  # resume(memory=False): fresh processes, kept files
     MEMORY_SNAPSHOTS = "memory_snapshots"  # snapshots that capture process memory
@@ -148,6 +148,10 @@ class NetworkPolicy:
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
     dns_servers: tuple[str, ...] | None = None
+    # E2B's ``rules``: per domain pattern, the headers the egress proxy writes into the
+    # sandbox's HTTP requests to it (values may hold ``${e2b.secrets.<name>}``, resolved on
+    # the way out). A domain here is not thereby allowed.
+    transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     @property
     def is_isolated(self) -> bool:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q, QuerySet
 
 from e2bfacade import crypto
-from e2bfacade.errors import NotFound
+from e2bfacade.errors import BadRequest, NotFound
 from e2bfacade.paging import make_token, read_token
-from sandboxes.models import Secret, SecretVersion
+from e2bfacade.runtime.local.net.transform import SECRET_KIND, placeholders
+from sandboxes.models import Sandbox, Secret, SecretVersion
 
 logger = logging.getLogger(__name__)
 TOKEN_SALT = "e2bfacade.secret-list"
@@ -88,3 +90,41 @@ def secrets_missing(*, team_id: int, names: set[str]) -> list[str]:
         .values_list("name", flat=True)
     )
     return sorted(original for lower, original in canonical.items() if lower not in found)
+
+
+def check_rule_placeholders(*, team_id: int, rules: dict[str, Any] | None) -> None:
+    """Refuse (400, naming them) network ``rules`` whose headers name secrets the team has
+    no live secret of, or workload identity tokens (not supported here). A secret revoked
+    later is the proxy's to handle: its header is dropped."""
+    names: set[str] = set()
+    for domain_rules in (rules or {}).values():
+        for rule in domain_rules:
+            for value in ((rule.get("transform") or {}).get("headers") or {}).values():
+                for kind, name in placeholders(value):
+                    if kind != SECRET_KIND:
+                        raise BadRequest(
+                            "workload identity tokens (${e2b.identity.tokens.<name>}) are not "
+                            "supported by this server"
+                        )
+                    names.add(name)
+    missing = secrets_missing(team_id=team_id, names=names)
+    if missing:
+        raise BadRequest(f"network rules name unknown secrets: {', '.join(missing)}")
+
+
+def placeholder_value(sandbox_id: str, kind: str, name: str) -> str | None:
+    """What the egress proxy writes for a placeholder in a request of ``sandbox_id``: the
+    current value of its team's live secret ``name``; None for anything else (an unknown
+    or revoked secret, an identity token, a sandbox that is gone). Two queries, no cache:
+    a new version or a revoke applies to the very next request."""
+    if kind != SECRET_KIND:
+        return None
+    team_id = (
+        Sandbox.objects.filter(pk=sandbox_id)
+        .exclude(state=Sandbox.State.KILLED)
+        .values_list("team_id", flat=True)
+        .first()
+    )
+    if team_id is None:
+        return None
+    return secret_value(team_id=team_id, name=name)

@@ -186,3 +186,25 @@ def test_the_admin_shows_a_secrets_metadata_only_and_cannot_change_it(
         assert b"gAAAA" not in response.content  # no Fernet token either
     assert browser.get("/admin/sandboxes/secretversion/").status_code == 404
     assert browser.get("/admin/sandboxes/secret/add/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ([], "must be an object of domain: [rule]"),
+        ({"bad domain": []}, "invalid rule domain bad domain"),
+        ({"api.example.com": {}}, "rules of api.example.com must be a list"),
+        ({"api.example.com": [{"transform": {"headers": {"Host": "x"}}}]}, "cannot be set"),
+        ({"api.example.com": [{"transform": {"headers": {"X-A": "a\r\nX-B: b"}}}]}, "control"),
+        ({"api.example.com": [{"transform": {"headers": {"X-A": 1}}}]}, "must be a string"),
+    ],
+)
+def test_malformed_transform_rules_are_a_400_naming_what_is_wrong(
+    api_client: APIClient, rules: Any, message: str
+) -> None:
+    network = {"allowOut": ["api.example.com"], "denyOut": ["0.0.0.0/0"], "rules": rules}
+    answer = api_client.post(
+        "/v2/sandboxes", {"templateID": "base", "network": network}, format="json"
+    )
+    assert answer.status_code == 400, answer.content
+    assert message in answer.json()["message"]

@@ -191,6 +191,9 @@ def policy_json(policy: NetworkPolicy) -> dict[str, Any]:
         "allow_out": list(policy.allow_out),
         "deny_out": list(policy.deny_out),
         "dns_servers": None if policy.dns_servers is None else list(policy.dns_servers),
+        "transforms": [
+            [domain, [list(h) for h in headers]] for domain, headers in policy.transforms
+        ],
     }
 
 
@@ -201,6 +204,10 @@ def policy_of(data: Mapping[str, Any]) -> NetworkPolicy:
         allow_out=tuple(data.get("allow_out") or ()),
         deny_out=tuple(data.get("deny_out") or ()),
         dns_servers=None if dns is None else tuple(dns),
+        transforms=tuple(
+            (str(domain), tuple((str(k), str(v)) for k, v in headers))
+            for domain, headers in data.get("transforms") or ()
+        ),
     )
 
 

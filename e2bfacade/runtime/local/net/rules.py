@@ -111,6 +111,8 @@ class Rules:
     domains: list[str] = field(default_factory=list)
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
+    # domain pattern -> headers to write in (egress.py); placeholders, never their values
+    transforms: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _mask(length: int) -> str:
@@ -141,7 +143,10 @@ def rules_for(policy: NetworkPolicy, ifname: str, default_dns: tuple[str, ...]) 
                 rules.elements.append(item)
     rules.allow = [str(ipaddress.IPv4Network(e, strict=False)) for e in allow]
     rules.deny = [str(ipaddress.IPv4Network(e, strict=False)) for e in deny]
-    if rules.domains:
+    rules.transforms = {
+        domain.lower().rstrip("."): dict(headers) for domain, headers in policy.transforms
+    }
+    if rules.domains or rules.transforms:  # both need the proxy to see the connection
         rules.elements.append(("proxied", f'"{ifname}"'))
     return rules
 
