@@ -39,6 +39,8 @@ def egress_server(internet: TestInternet) -> Iterator[LiveServer]:  # noqa: F811
         "SANDBOX_NETWORK_CIDR": unique_cidr(),
         "SANDBOX_EGRESS_PORT": "auto",
         "SANDBOX_DNS_SERVERS": "8.8.8.8",
+        # The proxy verifies a rule's destination against it; sandboxes trust it too.
+        "SANDBOX_EXTRA_CA_CERTS": str(internet.ca_path),
     }
     with live_server(suite_url, extra_env=env) as server:
         yield server
@@ -205,3 +207,56 @@ def test_rules_naming_an_unknown_secret_are_refused_naming_it(sdk: LiveServer) -
             sbx.update_network(network)
     finally:
         sbx.kill()
+
+
+def issuer(sbx: Sandbox, url: str) -> str:
+    out = run(sbx, f"curl -sv --max-time 8 -o /dev/null {url} 2>&1 | grep -i 'issuer:'")
+    return out.strip()
+
+
+def test_a_rule_writes_the_secret_into_https_requests_through_a_certificate_the_sandbox_trusts(
+    sandbox: Sandbox,
+) -> None:
+    answer = fetch(sandbox, f"https://{RULE_HOST}/headers", "-H 'Authorization: Bearer mine'")
+    assert answer["served_by"] == RULE_ADDRESS
+    assert answer["sha256"]["authorization"] == digest(f"Bearer {VALUE}")
+    assert headers_of(answer)["authorization"] == "Bearer " + "*" * len(VALUE)
+    # HTTP/2 offered: the proxy answers HTTP/1.1, and the rule still applies.
+    h2 = fetch(sandbox, f"https://{RULE_HOST}/headers", "--http2")
+    assert h2["sha256"]["authorization"] == digest(f"Bearer {VALUE}")
+    # The rule's domain is intercepted (the proxy's CA), no other is (the server's own).
+    assert "e2bfacade egress proxy CA" in issuer(sandbox, f"https://{RULE_HOST}/")
+    assert "test internet CA" in issuer(sandbox, f"https://{OTHER_HOST}/")
+    assert "authorization" not in fetch(sandbox, f"https://{OTHER_HOST}/headers")["sha256"]
+    # The usual TLS stacks are pointed at a bundle that holds the proxy's CA.
+    env = run(sandbox, "env")
+    assert "NODE_EXTRA_CA_CERTS=/etc/ssl/certs/e2bfacade-egress-ca.pem" in env
+    assert "REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt" in env
+    python = run(
+        sandbox,
+        'python3 -c "import json, urllib.request; '
+        f"print(json.load(urllib.request.urlopen('https://{RULE_HOST}/headers'))['sha256']"
+        "['authorization'])\" 2>&1 || echo no-python",
+    ).strip()
+    assert python in (digest(f"Bearer {VALUE}"), "no-python"), python
+
+
+def test_a_rule_destination_that_fails_verification_gets_no_request(sdk: LiveServer) -> None:
+    # The test internet's certificate does not name 203-0-113-10.ip.example.
+    name = f"verify-{uuid.uuid4().hex[:8]}"
+    Secret.create(name, VALUE)
+    host = "203-0-113-10.ip.example"
+    headers = {"Authorization": Secret.fill(name)}
+    sbx = Sandbox.create(
+        network={
+            "allow_out": [host],
+            "deny_out": [ALL_TRAFFIC],
+            "rules": {host: [{"transform": {"headers": headers}}]},
+        }
+    )
+    try:
+        out = run(sbx, f"curl -sS --max-time 8 https://{host}/headers; echo exit=$?")
+        assert "exit=0" not in out and "served_by" not in out, out
+    finally:
+        sbx.kill()
+        Secret.destroy(name)

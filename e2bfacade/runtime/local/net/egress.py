@@ -50,6 +50,7 @@ import ipaddress
 import json
 import logging
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -66,6 +67,7 @@ from e2bfacade.runtime.base import RuntimeUnavailable
 from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
 from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
 from e2bfacade.runtime.local.net.rules import NetworkConfig
+from e2bfacade.runtime.local.net.tls import Authority, TlsServer, upstream_context
 from e2bfacade.runtime.local.net.transform import (
     BadRequest,
     Masker,
@@ -153,6 +155,8 @@ class EgressProxy:
         self.net.setup()  # claims the root's port, or refuses naming the root in the way
         self.never = self.net.never_reachable()
         self.host = HostAddresses()
+        self.authority = Authority(root)  # TLS for the domains of transform rules (tls.py)
+        self.upstream_tls = upstream_context(config.extra_ca)
 
     def _socket(self, kind: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
@@ -237,7 +241,9 @@ class EgressProxy:
                     break  # not TLS: no name to wait for
                 if port != 443 and b"\r\n\r\n" in head:
                     break
-            rule = rule_for(name, record.get("transforms") or {}) if port == 80 else None
+            # Only a rule's domain is ever intercepted (TLS terminated, requests parsed):
+            # everything else is relayed as the bytes it is.
+            rule = rule_for(name, record.get("transforms") or {}) if port in (80, 443) else None
             target = await loop.run_in_executor(
                 None, functools.partial(self.decide, by_name=rule is not None),
                 record, name, address,
@@ -252,17 +258,14 @@ class EgressProxy:
             except (TimeoutError, OSError):
                 out.close()
                 return
-            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
             if rule is not None and name is not None:
-                masker = Masker()
-                sandbox = str(record.get("sandbox_id") or "")
-                await asyncio.gather(
-                    self._transform(reader, upstream, head, name, rule, sandbox, masker),
-                    _copy(up_reader, writer, masker),
-                )
+                await self._intercept(reader, writer, out, port, head, name, rule, record)
                 return
+            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
             upstream.write(head)
             await asyncio.gather(_copy(reader, upstream), _copy(up_reader, writer))
+        except ssl.SSLCertVerificationError as exc:
+            log.info("egress: a rule's destination failed verification: %s", exc.verify_message)
         except (OSError, ValueError):
             pass
         except Exception:  # noqa: BLE001 - one connection's failure is logged, not fatal
@@ -273,9 +276,49 @@ class EgressProxy:
                     with contextlib.suppress(OSError):
                         w.close()
 
-    async def _transform(
+    async def _intercept(
         self,
         reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        out: socket.socket,
+        port: int,
+        head: bytes,
+        name: str,
+        rule: dict[str, str],
+        record: dict[str, Any],
+    ) -> None:
+        """A connection to a rule's domain: on 443, TLS is verified to the destination
+        (for ``name``) before the guest's handshake is answered with a certificate minted
+        for ``name``; then the requests are rewritten and the answers masked."""
+        guest_in: Any = reader
+        guest_out: Any = writer
+        if port == 443:
+            up_reader, upstream = await asyncio.wait_for(
+                asyncio.open_connection(
+                    sock=out, limit=COPY, ssl=self.upstream_tls, server_hostname=name
+                ),
+                CONNECT_SECONDS,
+            )
+            tls = TlsServer(reader, writer, self.authority.context(name), head)
+            await asyncio.wait_for(tls.handshake(), HEAD_SECONDS)
+            guest_in = guest_out = tls
+            head = b""
+        else:
+            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
+        try:
+            masker = Masker()
+            sandbox = str(record.get("sandbox_id") or "")
+            await asyncio.gather(
+                self._transform(guest_in, upstream, head, name, rule, sandbox, masker),
+                _copy(up_reader, guest_out, masker),
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.close()
+
+    async def _transform(
+        self,
+        reader: Any,
         upstream: asyncio.StreamWriter,
         head: bytes,
         name: str,
@@ -347,9 +390,9 @@ class EgressProxy:
             await server.serve_forever()
 
 
-async def _copy(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, masker: Masker | None = None
-) -> None:
+async def _copy(reader: Any, writer: Any, masker: Masker | None = None) -> None:
+    """Relay ``reader`` to ``writer`` (asyncio streams, or a tls.TlsServer), masking what
+    ``masker`` holds when given."""
     try:
         while True:
             if masker is None:
@@ -374,7 +417,7 @@ async def _copy(
 
 
 async def _relay_body(
-    reader: asyncio.StreamReader, upstream: asyncio.StreamWriter, buffer: bytes, length: int | None
+    reader: Any, upstream: asyncio.StreamWriter, buffer: bytes, length: int | None
 ) -> bytes:
     """Forward one request body (``length`` bytes, or chunked: None) from ``buffer`` and
     then ``reader``; return what follows it (the next request's start)."""
