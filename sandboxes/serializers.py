@@ -181,13 +181,21 @@ class NetworkConfigSerializer(EgressSerializer):
     """Create's ``network``."""
 
     allowPublicTraffic = StrictBooleanField(required=False, allow_null=True)
+    # The Host header of requests the data plane forwards to the sandbox's ports.
     maskRequestHost = StrictCharField(required=False, allow_null=True, max_length=253)
+
+    def validate_maskRequestHost(self, value: str | None) -> str | None:
+        if value is not None and (
+            not value or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value)
+        ):
+            raise serializers.ValidationError("must be a host without spaces or control characters")
+        return value
+
     httpsPorts = serializers.JSONField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         for name, why in (
             ("httpsPorts", "HTTPS to sandbox ports is not supported by this server"),
-            ("maskRequestHost", "masking the Host header is not supported by this server"),
         ):
             if attrs.get(name):
                 raise serializers.ValidationError({name: [why]})

@@ -71,7 +71,7 @@ class CreateRequest:
     volume_mounts: tuple[tuple[str, str], ...] = ()
 
 
-NETWORK_FIELDS = ("allowOut", "denyOut", "dnsServers", "rules")  # what a sandbox keeps
+NETWORK_FIELDS = ("allowOut", "denyOut", "dnsServers", "rules")  # what an update replaces
 
 
 def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
@@ -149,7 +149,11 @@ def sandbox_reserve(
         auto_resume=request.auto_resume,
         host=host,
         allow_internet_access=request.allow_internet,
-        network={k: v for k, v in request.network.items() if k in NETWORK_FIELDS},
+        network={
+            k: v
+            for k, v in request.network.items()
+            if k in (*NETWORK_FIELDS, "maskRequestHost")  # the last: create only
+        },
         traffic_access_token=(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
@@ -196,6 +200,7 @@ def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = 
                 envd_access_token=sandbox.envd_access_token,
                 network=network_policy(sandbox.allow_internet_access, sandbox.network),
                 traffic_access_token=sandbox.traffic_access_token or None,
+                mask_request_host=(sandbox.network or {}).get("maskRequestHost") or None,
                 warm_pool=template.warm_pool,
                 volume_mounts=volume_mounts,
             )
@@ -290,6 +295,8 @@ def sandbox_update_network(
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
     wanted = {k: v for k, v in network.items() if v is not None}
+    if (sandbox.network or {}).get("maskRequestHost"):  # not an egress rule: kept
+        wanted["maskRequestHost"] = sandbox.network["maskRequestHost"]
     check_rule_placeholders(team_id=team.pk, rules=wanted.get("rules"))
     Sandbox.objects.filter(pk=sandbox.pk).update(
         allow_internet_access=allow_internet, network=wanted

@@ -185,6 +185,9 @@ class SandboxSpec:
     # Demanded of callers of the sandbox's ports other than envd's (E2B's
     # allowPublicTraffic false; None: its ports are public).
     traffic_access_token: str | None = None
+    # E2B's maskRequestHost: the Host header the data plane gives requests it forwards to
+    # the sandbox's ports, ``${PORT}`` replaced by the port (None: the caller's own).
+    mask_request_host: str | None = None
     # How many started sandboxes of this spec's shape a driver with a warm pool keeps
     # ready for the creates after it (see keep_warm). None: the driver's default (the
     # local runtime's: ``warm`` for an image with a start command, none otherwise).
@@ -214,6 +217,7 @@ class SandboxInfo:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     traffic_access_token: str | None = None
     volume_mounts: tuple[VolumeMount, ...] = ()  # as created (SandboxSpec.volume_mounts)
+    mask_request_host: str | None = None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class SandboxRecord:
     default_user: str = DEFAULT_USER
     envd_access_token: str | None = None
     traffic_access_token: str | None = None
+    mask_request_host: str | None = None
     network: NetworkPolicy | None = None  # None: no link (the runtime had no networking)
     warm: str | None = None  # a pool sandbox's shape key (pools/warm.py)
     warm_version: str | None = None
@@ -100,6 +101,7 @@ class SandboxRecord:
             default_user=self.default_user,
             envd_access_token=self.envd_access_token,
             traffic_access_token=self.traffic_access_token,
+            mask_request_host=self.mask_request_host,
             network=self.network or NetworkPolicy(),
             volume_mounts=self.volume_mounts,
         )
@@ -130,6 +132,7 @@ class SandboxRecord:
             "default_user": self.default_user,
             "envd_access_token": self.envd_access_token,
             "traffic_access_token": self.traffic_access_token,
+            "mask_request_host": self.mask_request_host,
             "network": None if self.network is None else policy_json(self.network),
         }
         if self.volume_mounts:
@@ -170,6 +173,7 @@ class SandboxRecord:
             default_user=str(data.get("default_user") or DEFAULT_USER),
             envd_access_token=data.get("envd_access_token"),
             traffic_access_token=data.get("traffic_access_token"),
+            mask_request_host=data.get("mask_request_host"),
             network=None if network is None else policy_of(network),
             warm=data.get("warm"),
             warm_version=data.get("warm_version"),

@@ -87,6 +87,7 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         default_user=spec.default_user,
         envd_access_token=spec.envd_access_token,
         traffic_access_token=spec.traffic_access_token,
+        mask_request_host=spec.mask_request_host,
         network=spec.network if rt.network is not None else None,
         warm=rt.warm.key(spec) if is_warm(spec.sandbox_id) else None,
         warm_version=rt.version if is_warm(spec.sandbox_id) else None,
