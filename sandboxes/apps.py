@@ -16,3 +16,6 @@ class SandboxesConfig(AppConfig):
         register_encrypted_column(
             EncryptedColumn("sandboxes.SecretVersion", "value_encrypted", "secret versions")
         )
+        register_encrypted_column(
+            EncryptedColumn("sandboxes.Sandbox", "egress_proxy_password", "egress proxy passwords")
+        )

@@ -130,6 +130,9 @@ class Sandbox(models.Model):
     # Demanded of callers of its ports (not envd's) when the create asked for
     # allowPublicTraffic false; empty: its ports are public.
     traffic_access_token = models.CharField(max_length=64, blank=True, default="")
+    # The password of its egressProxy (network["egressProxy"] holds the address and user),
+    # encrypted like a secret (e2bfacade.crypto); empty: none. Read by the egress proxy.
+    egress_proxy_password = models.BinaryField(default=b"", blank=True)
 
     objects = SandboxQuerySet.as_manager()
 

@@ -114,6 +114,32 @@ class NetworkRulesField(serializers.Field):  # type: ignore[type-arg]
         return value
 
 
+class EgressProxySerializer(NullMeansAbsent):
+    """E2B's ``SandboxEgressProxyConfig``: a SOCKS5 server, with RFC 1929 credentials."""
+
+    address = StrictCharField(max_length=261, trim_whitespace=False)
+    username = StrictCharField(required=False, max_length=255, trim_whitespace=False)
+    password = StrictCharField(
+        required=False, allow_blank=True, max_length=255, trim_whitespace=False
+    )
+
+    def validate_address(self, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise serializers.ValidationError("must be host:port (e.g. proxy.example.com:1080)")
+        if _cidr(host) is None and not DOMAIN.fullmatch(host.lower()) or "*" in host:
+            raise serializers.ValidationError(f"invalid proxy host {host}")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name in ("username", "password"):
+            if len(attrs.get(name, "").encode()) > 255:
+                raise serializers.ValidationError({name: ["at most 255 bytes (RFC 1929)"]})
+        if "password" in attrs and "username" not in attrs:
+            raise serializers.ValidationError({"password": ["needs a username (RFC 1929)"]})
+        return attrs
+
+
 class EgressSerializer(NullMeansAbsent):
     """``allowOut`` / ``denyOut`` / ``dnsServers``, as E2B validates them (create's
     ``network`` and the body of ``PUT /sandboxes/{id}/network``)."""
@@ -122,8 +148,7 @@ class EgressSerializer(NullMeansAbsent):
     denyOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
     dnsServers = StringListField(required=False, allow_null=True, max_items=10)
     rules = NetworkRulesField(required=False, allow_null=True)
-    # Not supported by this server: refused by name.
-    egressProxy = serializers.JSONField(required=False, allow_null=True)
+    egressProxy = EgressProxySerializer(required=False, allow_null=True)
 
     def validate_allowOut(self, value: list[str] | None) -> list[str] | None:
         for entry in value or []:
@@ -157,13 +182,6 @@ class EgressSerializer(NullMeansAbsent):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        errors = {
-            name: [why]
-            for name, why in (("egressProxy", "an egress proxy is not supported by this server"),)
-            if attrs.get(name)
-        }
-        if errors:
-            raise serializers.ValidationError(errors)
         domains = [e for e in attrs.get("allowOut") or [] if _cidr(e) is None]
         if domains and ALL_TRAFFIC not in (attrs.get("denyOut") or []):
             raise serializers.ValidationError(
@@ -306,7 +324,10 @@ class NewSandboxSerializer(NullMeansAbsent):
 
 
 def _rules_in(network: dict[str, Any] | None) -> bool:
-    return any((network or {}).get(k) for k in ("allowOut", "denyOut", "dnsServers", "rules"))
+    return any(
+        (network or {}).get(k)
+        for k in ("allowOut", "denyOut", "dnsServers", "rules", "egressProxy")
+    )
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from e2bfacade import crypto
 from e2bfacade.errors import BadRequest, Conflict, NotFound, NothingAllocated
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
@@ -27,6 +28,7 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxRuntimeError,
     SandboxSpec,
+    UpstreamProxy,
 )
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 from e2bfacade.sandbox_runtime import get_runtime
@@ -71,7 +73,13 @@ class CreateRequest:
     volume_mounts: tuple[tuple[str, str], ...] = ()
 
 
-NETWORK_FIELDS = ("allowOut", "denyOut", "dnsServers", "rules")  # what an update replaces
+NETWORK_FIELDS = (
+    "allowOut",
+    "denyOut",
+    "dnsServers",
+    "rules",
+    "egressProxy",
+)  # what an update replaces
 
 
 def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
@@ -85,12 +93,27 @@ def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPoli
             headers |= (rule.get("transform") or {}).get("headers") or {}
         if headers:
             transforms.append((domain, tuple(headers.items())))
+    proxy = network.get("egressProxy")
     return NetworkPolicy(
+        upstream=None if not proxy else UpstreamProxy(proxy["address"], proxy.get("username")),
         allow_internet=allow_internet,
         allow_out=tuple(network.get("allowOut") or ()),
         deny_out=tuple(network.get("denyOut") or ()),
         dns_servers=None if dns is None else tuple(dns),
         transforms=tuple(transforms),
+    )
+
+
+def egress_proxy_split(network: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``network`` as a sandbox's row keeps it — its egressProxy without the password —
+    and the password, encrypted (empty: none)."""
+    proxy = network.get("egressProxy")
+    if not proxy:
+        return network, b""
+    password = proxy.get("password")
+    kept = {k: v for k, v in proxy.items() if k != "password"}
+    return {**network, "egressProxy": kept}, (
+        crypto.encrypt(password.encode()) if password is not None else b""
     )
 
 
@@ -127,6 +150,13 @@ def sandbox_reserve(
     # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
     mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
     now = timezone.now()
+    network, proxy_password = egress_proxy_split(
+        {
+            k: v
+            for k, v in request.network.items()
+            if k in (*NETWORK_FIELDS, "maskRequestHost")  # the last: create only
+        }
+    )
     sandbox = Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),
         team=team,
@@ -149,11 +179,8 @@ def sandbox_reserve(
         auto_resume=request.auto_resume,
         host=host,
         allow_internet_access=request.allow_internet,
-        network={
-            k: v
-            for k, v in request.network.items()
-            if k in (*NETWORK_FIELDS, "maskRequestHost")  # the last: create only
-        },
+        network=network,
+        egress_proxy_password=proxy_password,
         traffic_access_token=(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
@@ -298,8 +325,9 @@ def sandbox_update_network(
     if (sandbox.network or {}).get("maskRequestHost"):  # not an egress rule: kept
         wanted["maskRequestHost"] = sandbox.network["maskRequestHost"]
     check_rule_placeholders(team_id=team.pk, rules=wanted.get("rules"))
+    wanted, proxy_password = egress_proxy_split(wanted)
     Sandbox.objects.filter(pk=sandbox.pk).update(
-        allow_internet_access=allow_internet, network=wanted
+        allow_internet_access=allow_internet, network=wanted, egress_proxy_password=proxy_password
     )
     runtime = get_runtime()
     for _ in range(3):

@@ -136,6 +136,17 @@ class Capability(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class UpstreamProxy:
+    """E2B's ``egressProxy``: a SOCKS5 server (``host:port``) the sandbox's outbound TCP is
+    tunnelled through, with RFC 1929 credentials when ``username`` is set. The password is
+    not here: the egress proxy asks its resolver for it when it connects (kind
+    ``egressProxy``), so it is on no runtime record."""
+
+    address: str
+    username: str | None = None
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     """A sandbox's egress, as E2B defines it. ``allow_internet`` off is ``deny_out`` of
     ``0.0.0.0/0``; an address matching ``allow_out`` (CIDRs, or domain names matched by the
@@ -152,6 +163,9 @@ class NetworkPolicy:
     # sandbox's HTTP requests to it (values may hold ``${e2b.secrets.<name>}``, resolved on
     # the way out). A domain here is not thereby allowed.
     transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    # E2B's ``egressProxy``: every new outbound TCP connection the rules allow goes out
+    # through it (domain-matched ones by name: the SOCKS server resolves them).
+    upstream: UpstreamProxy | None = None
 
     @property
     def is_isolated(self) -> bool:

@@ -16,6 +16,7 @@ from sandboxes.models import Sandbox, Secret, SecretVersion
 
 logger = logging.getLogger(__name__)
 TOKEN_SALT = "e2bfacade.secret-list"
+EGRESS_PROXY_KIND = "egressProxy"  # the egress proxy asks for its SOCKS password so
 ID_PREFIX = "sec_"
 
 
@@ -117,6 +118,14 @@ def placeholder_value(sandbox_id: str, kind: str, name: str) -> str | None:
     current value of its team's live secret ``name``; None for anything else (an unknown
     or revoked secret, an identity token, a sandbox that is gone). Two queries, no cache:
     a new version or a revoke applies to the very next request."""
+    if kind == EGRESS_PROXY_KIND and name == "password":
+        blob = (
+            Sandbox.objects.filter(pk=sandbox_id)
+            .exclude(state=Sandbox.State.KILLED)
+            .values_list("egress_proxy_password", flat=True)
+            .first()
+        )
+        return crypto.decrypt(blob).decode() if blob else None
     if kind != SECRET_KIND:
         return None
     team_id = (

@@ -197,7 +197,12 @@ class _Web(http.server.BaseHTTPRequestHandler):
             status = 302
         else:
             status = 200
-        answer: dict[str, object] = {"served_by": served_by, "host": host, "path": self.path}
+        answer: dict[str, object] = {
+            "served_by": served_by,
+            "host": host,
+            "path": self.path,
+            "client": self.client_address[0],  # who connected: a SOCKS server, a NAT
+        }
         if self.path.startswith("/headers"):
             answer["headers"] = [[k, v] for k, v in self.headers.items()]
             # What it got, in a form a relay that masks values cannot change: a test checks

@@ -24,6 +24,7 @@ from e2bfacade.runtime.base import (
     NetworkPolicy,
     SandboxInfo,
     SandboxSpec,
+    UpstreamProxy,
     check_id,
 )
 from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeMount
@@ -195,6 +196,9 @@ def policy_json(policy: NetworkPolicy) -> dict[str, Any]:
         "allow_out": list(policy.allow_out),
         "deny_out": list(policy.deny_out),
         "dns_servers": None if policy.dns_servers is None else list(policy.dns_servers),
+        "upstream": None
+        if policy.upstream is None
+        else {"address": policy.upstream.address, "username": policy.upstream.username},
         "transforms": [
             [domain, [list(h) for h in headers]] for domain, headers in policy.transforms
         ],
@@ -203,7 +207,11 @@ def policy_json(policy: NetworkPolicy) -> dict[str, Any]:
 
 def policy_of(data: Mapping[str, Any]) -> NetworkPolicy:
     dns = data.get("dns_servers")
+    upstream = data.get("upstream")
     return NetworkPolicy(
+        upstream=None
+        if not upstream
+        else UpstreamProxy(str(upstream["address"]), upstream.get("username")),
         allow_internet=bool(data.get("allow_internet")),
         allow_out=tuple(data.get("allow_out") or ()),
         deny_out=tuple(data.get("deny_out") or ()),

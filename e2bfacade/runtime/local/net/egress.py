@@ -32,6 +32,12 @@ to the one the guest chose: a guest cannot have a secret sent to an address it p
 Each request on it is parsed, and one for another host ends the connection. What comes
 back has the values written in masked (transform.Masker).
 
+**egressProxy** (socks.py): a sandbox with one has every new TCP connection diverted
+here, on any port; it is judged as above, then tunnelled through the SOCKS5 server — by
+name when it matched one (an allowed domain, a rule's), else by the address dialled. The
+server's own address is checked like any the proxy dials; its password comes from the
+resolver (kind ``egressProxy``) when it connects, never from a record.
+
 Run as ``python -m e2bfacade.runtime.local.net.egress SANDBOX_ROOT [NETWORK_JSON]``
 (``manage.py serve`` supervises it and gives it the service's networking configuration;
 without one it takes what the root's runtime saved); it serves every sandbox of that root.
@@ -64,9 +70,10 @@ import dns.query
 import dns.rdatatype
 
 from e2bfacade.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.local.net import socks
 from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
 from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
-from e2bfacade.runtime.local.net.rules import NetworkConfig
+from e2bfacade.runtime.local.net.rules import PROXY_PORTS, NetworkConfig
 from e2bfacade.runtime.local.net.tls import Authority, TlsServer, upstream_context
 from e2bfacade.runtime.local.net.transform import (
     BadRequest,
@@ -225,7 +232,8 @@ class EgressProxy:
             head, name = b"", None
             loop = asyncio.get_running_loop()
             deadline = loop.time() + HEAD_SECONDS
-            while len(head) < HEAD_MAX and name is None:
+            # Other ports (a tunnelled sandbox's) may wait for the server to speak first.
+            while port in PROXY_PORTS and len(head) < HEAD_MAX and name is None:
                 left = deadline - loop.time()
                 if left <= 0:
                     break
@@ -244,19 +252,24 @@ class EgressProxy:
             # Only a rule's domain is ever intercepted (TLS terminated, requests parsed):
             # everything else is relayed as the bytes it is.
             rule = rule_for(name, record.get("transforms") or {}) if port in (80, 443) else None
-            target = await loop.run_in_executor(
-                None, functools.partial(self.decide, by_name=rule is not None),
-                record, name, address,
-            )  # fmt: skip
+            tunnel = record.get("upstream")
+            target: str | None
+            if tunnel and name and matches(name, record.get("domains") or []):
+                target = name  # allowed by name: the SOCKS server resolves it (remote DNS)
+            else:
+                target = await loop.run_in_executor(
+                    None, functools.partial(self.decide, by_name=rule is not None),
+                    record, name, address,
+                )  # fmt: skip
+                if target is not None and tunnel and name and rule is not None:
+                    target = name  # a rule's: judged by where it resolves, asked for by name
             if target is None:
                 log.info("refused %s -> %s:%d (name %r)", guest, address, port, name)
                 return
-            out = self._socket(socket.SOCK_STREAM)
-            out.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(out, (target, port)), CONNECT_SECONDS)
-            except (TimeoutError, OSError):
-                out.close()
+                out = await self._dial(tunnel, str(record.get("sandbox_id") or ""), target, port)
+            except (TimeoutError, OSError) as exc:
+                log.info("egress: could not reach %s:%d: %s", target, port, exc)
                 return
             if rule is not None and name is not None:
                 await self._intercept(reader, writer, out, port, head, name, rule, record)
@@ -275,6 +288,42 @@ class EgressProxy:
                 if w is not None:
                     with contextlib.suppress(OSError):
                         w.close()
+
+    async def _dial(
+        self, tunnel: dict[str, Any] | None, sandbox: str, host: str, port: int
+    ) -> socket.socket:
+        """A connected socket to ``host``:``port``: directly (``host`` an address the rules
+        allowed), or through the sandbox's SOCKS5 server (``tunnel``; ``host`` may then be
+        a name), whose own address is checked like any the proxy dials."""
+        loop = asyncio.get_running_loop()
+        out = self._socket(socket.SOCK_STREAM)
+        out.setblocking(False)
+        try:
+            if tunnel is None:
+                await asyncio.wait_for(loop.sock_connect(out, (host, port)), CONNECT_SECONDS)
+                return out
+            server, server_port = socks.split_address(str(tunnel["address"]))
+            try:
+                server_ip = str(ipaddress.IPv4Address(server))
+            except ValueError:
+                resolved: str | None = await loop.run_in_executor(None, self.resolve, server)
+                server_ip = resolved or ""
+            if not server_ip or self._is_blocked(server_ip):
+                raise OSError(f"the egress proxy {tunnel['address']} is not reachable")
+            await asyncio.wait_for(
+                loop.sock_connect(out, (server_ip, server_port)), CONNECT_SECONDS
+            )
+            username = tunnel.get("username")
+            password = None
+            if username is not None:
+                password = await loop.run_in_executor(
+                    None, self.resolve_placeholder, sandbox, "egressProxy", "password"
+                )
+            await socks.connect(out, host, port, username, password)
+            return out
+        except BaseException:
+            out.close()
+            raise
 
     async def _intercept(
         self,
