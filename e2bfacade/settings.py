@@ -445,6 +445,10 @@ TEMPLATE_FILES_KEEP_DAYS = _positive_int("TEMPLATE_FILES_KEEP_DAYS", 7)
 TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 # The base of the upload URLs (what clients reach this API at); empty: the request's own.
 E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
+# Workload identity (sandboxes/identity/): how long a minted token is valid, and how often
+# the issuer's signing key is replaced (a replaced key stays in the JWKS one more period).
+IDENTITY_TOKEN_SECONDS = _int("IDENTITY_TOKEN_SECONDS", 300, 30, 3600, "between 30 and 3600")
+IDENTITY_KEY_ROTATION_DAYS = _int("IDENTITY_KEY_ROTATION_DAYS", 30, 1, 365, "between 1 and 365")
 # Builds of one team in waiting or building at once (E2B answers 429 past its limit).
 TEMPLATE_BUILDS_PER_TEAM = _int("TEMPLATE_BUILDS_PER_TEAM", 4, 1, 64, "between 1 and 64")
 # Builds one build worker runs at once (each in a sandbox of its own).

@@ -19,3 +19,6 @@ class SandboxesConfig(AppConfig):
         register_encrypted_column(
             EncryptedColumn("sandboxes.Sandbox", "egress_proxy_password", "egress proxy passwords")
         )
+        register_encrypted_column(
+            EncryptedColumn("sandboxes.IdentityKey", "private_key_encrypted", "identity keys")
+        )

@@ -133,6 +133,9 @@ class Sandbox(models.Model):
     # The password of its egressProxy (network["egressProxy"] holds the address and user),
     # encrypted like a secret (e2bfacade.crypto); empty: none. Read by the egress proxy.
     egress_proxy_password = models.BinaryField(default=b"", blank=True)
+    # E2B's iam (workload identity): {"issuer": URL, "tokens": {name: {audience,
+    # tokenType}}}; empty: none. The egress proxy mints the tokens (sandboxes/identity/).
+    iam = models.JSONField(default=dict, blank=True)
 
     objects = SandboxQuerySet.as_manager()
 
@@ -276,3 +279,17 @@ class SecretVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.secret_id} v{self.version}"
+
+
+class IdentityKey(models.Model):
+    """A key the workload identity issuer signs tokens with (ES256, sandboxes/identity/):
+    the newest signs; every key still listed (``retired_at`` unset) is in the JWKS. The
+    private key is encrypted like a secret's value (``e2bfacade.crypto``)."""
+
+    kid = models.CharField(primary_key=True, max_length=64)
+    private_key_encrypted = models.BinaryField()
+    created_at = models.DateTimeField()
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.kid

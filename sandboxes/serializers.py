@@ -114,6 +114,39 @@ class NetworkRulesField(serializers.Field):  # type: ignore[type-arg]
         return value
 
 
+IAM_TOKEN_NAME = re.compile(r"[^{}\x00-\x1f\x7f-\x9f]{1,128}")  # as the SDKs check it
+
+
+class IamField(serializers.Field):  # type: ignore[type-arg]
+    """E2B's ``iam``: ``{"tokens": {name: {"audience": str, "tokenType": "JWT-SVID"}}}``.
+    Names are what ``${e2b.identity.tokens.<name>}`` names (no brace, no control
+    character); at most 20 tokens."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(tokens or {}, dict):
+            raise serializers.ValidationError("must be {tokens: {name: {audience, tokenType}}}")
+        if len(tokens or {}) > 20:
+            raise serializers.ValidationError("at most 20 tokens")
+        out = {}
+        for name, token in (tokens or {}).items():
+            if not IAM_TOKEN_NAME.fullmatch(name):
+                raise serializers.ValidationError(f"iam token name {name!r} is not usable")
+            audience = token.get("audience") if isinstance(token, dict) else None
+            kind = token.get("tokenType") if isinstance(token, dict) else None
+            if not isinstance(audience, str) or not 0 < len(audience) <= 1024:
+                raise serializers.ValidationError(
+                    f"iam token {name}: audience must be a string of 1-1024 characters"
+                )
+            if kind != "JWT-SVID":
+                raise serializers.ValidationError(f"iam token {name}: tokenType must be JWT-SVID")
+            out[name] = {"audience": audience, "tokenType": kind}
+        return {"tokens": out} if out else {}
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class EgressProxySerializer(NullMeansAbsent):
     """E2B's ``SandboxEgressProxyConfig``: a SOCKS5 server, with RFC 1929 credentials."""
 
@@ -262,7 +295,7 @@ class NewSandboxSerializer(NullMeansAbsent):
         required=False, allow_null=True, max_entries=200, max_key=256, max_value=32768
     )
     mcp = serializers.JSONField(required=False, allow_null=True)
-    iam = serializers.JSONField(required=False, allow_null=True)
+    iam = IamField(required=False, allow_null=True)
     volumeMounts = serializers.ListField(
         child=VolumeMountSerializer(), required=False, allow_null=True
     )
@@ -309,7 +342,6 @@ class NewSandboxSerializer(NullMeansAbsent):
         # What this service itself does not do, whatever the driver.
         service_refusals = {
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
-            "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
         }
         errors |= {name: [why] for name, (bad, why) in service_refusals.items() if bad}
         if errors:
@@ -349,6 +381,7 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         allow_internet=allow_internet(body.get("allow_internet_access")),
         network=body.get("network") or {},
         volume_mounts=tuple((m["name"], m["path"]) for m in body.get("volumeMounts") or ()),
+        iam=body.get("iam") or {},
     )
 
 

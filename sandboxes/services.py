@@ -71,6 +71,8 @@ class CreateRequest:
     network: dict[str, Any] = field(default_factory=dict)  # create's ``network``, validated
     # create's ``volumeMounts`` as (volume name, guest path), in the order given
     volume_mounts: tuple[tuple[str, str], ...] = ()
+    # create's ``iam``: {"tokens": {...}, "issuer": the URL tokens name as ``iss``}
+    iam: dict[str, Any] = field(default_factory=dict)
 
 
 NETWORK_FIELDS = (
@@ -145,7 +147,11 @@ def sandbox_reserve(
             f"template '{request.template_ref}' has no ready build yet",
             headers={"Should-Retry": "false"},
         )
-    check_rule_placeholders(team_id=team.pk, rules=request.network.get("rules"))
+    check_rule_placeholders(
+        team_id=team.pk,
+        rules=request.network.get("rules"),
+        tokens=set((request.iam.get("tokens") or {}).keys()),
+    )
     host = sandbox_admit(team=team, template=template)
     # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
     mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
@@ -181,6 +187,7 @@ def sandbox_reserve(
         allow_internet_access=request.allow_internet,
         network=network,
         egress_proxy_password=proxy_password,
+        iam=request.iam,
         traffic_access_token=(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
@@ -324,7 +331,11 @@ def sandbox_update_network(
     wanted = {k: v for k, v in network.items() if v is not None}
     if (sandbox.network or {}).get("maskRequestHost"):  # not an egress rule: kept
         wanted["maskRequestHost"] = sandbox.network["maskRequestHost"]
-    check_rule_placeholders(team_id=team.pk, rules=wanted.get("rules"))
+    check_rule_placeholders(
+        team_id=team.pk,
+        rules=wanted.get("rules"),
+        tokens=set(((sandbox.iam or {}).get("tokens") or {}).keys()),
+    )
     wanted, proxy_password = egress_proxy_split(wanted)
     Sandbox.objects.filter(pk=sandbox.pk).update(
         allow_internet_access=allow_internet, network=wanted, egress_proxy_password=proxy_password

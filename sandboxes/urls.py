@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from sandboxes.identity import views as identity
 from sandboxes.secrets.views import SecretViewSet as Sec
 from sandboxes.views import SandboxViewSet as V
 from sandboxes.volumes.views import VolumeViewSet as Vol
@@ -25,4 +26,6 @@ urlpatterns = [
         "secrets/<str:secret_id>",
         Sec.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
     ),
+    path(".well-known/openid-configuration", identity.discovery),
+    path(".well-known/jwks.json", identity.jwk_set),
 ]

@@ -17,6 +17,7 @@ from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, selectors, services
 from sandboxes.admission import host_capacity
+from sandboxes.identity.views import issuer_of
 from sandboxes.serializers import (
     LISTED_COLUMNS,
     ConnectSerializer,
@@ -46,12 +47,13 @@ class SandboxViewSet(viewsets.ViewSet):
     ) -> Any:
         serializer = serializer_class(data=json_body(request))
         serializer.is_valid(raise_exception=True)
+        body = serializer.canonical()
+        if body.get("iam"):  # the issuer its workload tokens name: where it was asked
+            body["iam"]["issuer"] = issuer_of(request)
         # Admission reads the host's capacity inside the reserve transaction; the first read
         # in a process builds the runtime (disk, cgroups): do that here, outside it.
         host_capacity()
-        return idempotency.run(
-            request, team=team_of(request), route=route, params={}, body=serializer.canonical()
-        )
+        return idempotency.run(request, team=team_of(request), route=route, params={}, body=body)
 
     @extend_schema(
         operation_id="createSandboxV2",

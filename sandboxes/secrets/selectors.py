@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -12,10 +13,12 @@ from e2bfacade import crypto
 from e2bfacade.errors import BadRequest, NotFound
 from e2bfacade.paging import make_token, read_token
 from e2bfacade.runtime.local.net.transform import SECRET_KIND, placeholders
+from sandboxes.identity import tokens
 from sandboxes.models import Sandbox, Secret, SecretVersion
 
 logger = logging.getLogger(__name__)
 TOKEN_SALT = "e2bfacade.secret-list"
+IDENTITY_KIND = "identity.tokens"
 EGRESS_PROXY_KIND = "egressProxy"  # the egress proxy asks for its SOCKS password so
 ID_PREFIX = "sec_"
 
@@ -93,20 +96,27 @@ def secrets_missing(*, team_id: int, names: set[str]) -> list[str]:
     return sorted(original for lower, original in canonical.items() if lower not in found)
 
 
-def check_rule_placeholders(*, team_id: int, rules: dict[str, Any] | None) -> None:
+def check_rule_placeholders(
+    *,
+    team_id: int,
+    rules: dict[str, Any] | None,
+    tokens: Collection[str] = (),
+) -> None:
     """Refuse (400, naming them) network ``rules`` whose headers name secrets the team has
-    no live secret of, or workload identity tokens (not supported here). A secret revoked
-    later is the proxy's to handle: its header is dropped."""
+    no live secret of, or workload tokens the sandbox's ``iam`` does not declare
+    (``tokens``). A secret revoked later is the proxy's to handle: its header is dropped."""
     names: set[str] = set()
     for domain_rules in (rules or {}).values():
         for rule in domain_rules:
             for value in ((rule.get("transform") or {}).get("headers") or {}).values():
                 for kind, name in placeholders(value):
                     if kind != SECRET_KIND:
-                        raise BadRequest(
-                            "workload identity tokens (${e2b.identity.tokens.<name>}) are not "
-                            "supported by this server"
-                        )
+                        if name not in tokens:
+                            raise BadRequest(
+                                f"network rules name a workload token the sandbox's iam does "
+                                f"not declare: {name}"
+                            )
+                        continue
                     names.add(name)
     missing = secrets_missing(team_id=team_id, names=names)
     if missing:
@@ -126,6 +136,25 @@ def placeholder_value(sandbox_id: str, kind: str, name: str) -> str | None:
             .first()
         )
         return crypto.decrypt(blob).decode() if blob else None
+    if kind == IDENTITY_KIND:
+        row = (
+            Sandbox.objects.filter(pk=sandbox_id)
+            .exclude(state=Sandbox.State.KILLED)
+            .values("team_id", "iam")
+            .first()
+        )
+        if row is None:
+            return None
+        iam: dict[str, Any] = row["iam"] or {}
+        token = (iam.get("tokens") or {}).get(name)
+        if token is None:
+            return None
+        return tokens.mint(
+            issuer=iam["issuer"],
+            team_id=row["team_id"],
+            sandbox_id=sandbox_id,
+            audience=token["audience"],
+        )
     if kind != SECRET_KIND:
         return None
     team_id = (

@@ -8,14 +8,20 @@ against a live server whose uplink is the suite's test internet, whose web serve
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException, Secret
 
 from tests.network.conftest import internet, unique_cidr  # noqa: F401 - fixture
@@ -260,3 +266,90 @@ def test_a_rule_destination_that_fails_verification_gets_no_request(sdk: LiveSer
     finally:
         sbx.kill()
         Secret.destroy(name)
+
+
+# ------------------------------------------------------------------- workload identity
+def b64decode(part: str) -> bytes:
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def arrived(internet: TestInternet, marker: str) -> dict[str, str]:  # noqa: F811
+    """The headers of the last request the test internet logged for path ``marker``."""
+    lines = (internet.dir / "requests.jsonl").read_text().splitlines()
+    entry = [json.loads(line) for line in lines if marker in line][-1]
+    return {k.lower(): v for k, v in entry["headers"]}
+
+
+def verify(token: str, jwks: dict[str, Any]) -> dict[str, Any]:
+    """The claims of an ES256 JWT, its signature checked against ``jwks``."""
+    head, body, signature = token.split(".")
+    header = json.loads(b64decode(head))
+    assert header["alg"] == "ES256"
+    (jwk,) = [k for k in jwks["keys"] if k["kid"] == header["kid"]]
+    public = ec.EllipticCurvePublicNumbers(
+        int.from_bytes(b64decode(jwk["x"]), "big"),
+        int.from_bytes(b64decode(jwk["y"]), "big"),
+        ec.SECP256R1(),
+    ).public_key()
+    raw = b64decode(signature)
+    der = encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
+    public.verify(der, f"{head}.{body}".encode(), ec.ECDSA(hashes.SHA256()))
+    claims: dict[str, Any] = json.loads(b64decode(body))
+    return claims
+
+
+def test_a_workload_token_is_minted_per_request_and_verifies_against_the_issuers_jwks(
+    sdk: LiveServer,
+    internet: TestInternet,  # noqa: F811
+) -> None:
+    iam: Any = {
+        "tokens": {"aws": Secret.iam_token(audience="sts.amazonaws.com", token_type="JWT-SVID")}
+    }
+    sbx = Sandbox.create(
+        network={
+            "allow_out": [RULE_HOST],
+            "deny_out": [ALL_TRAFFIC],
+            "rules": {
+                RULE_HOST: [
+                    {
+                        "transform": lambda ctx: {
+                            "headers": {"Authorization": f"Bearer {ctx.iam.tokens['aws']}"}
+                        }
+                    }
+                ]
+            },
+        },
+        iam=iam,
+    )
+    try:
+        echoed = fetch(sbx, f"https://{RULE_HOST}/headers?identity-1")
+        token = arrived(internet, "identity-1")["authorization"].removeprefix("Bearer ")
+        # The sandbox got it masked; the destination got a token it can verify.
+        assert token not in json.dumps(echoed)
+        discovery = httpx.get(f"{sdk.url}/.well-known/openid-configuration").json()
+        assert discovery["issuer"] == sdk.url
+        jwks = httpx.get(discovery["jwks_uri"]).json()
+        claims = verify(token, jwks)
+        assert claims["iss"] == sdk.url
+        assert claims["aud"] == "sts.amazonaws.com"
+        assert claims["sub"].endswith(f":sandbox:{sbx.sandbox_id}")
+        assert claims["sub"].startswith("team:")
+        assert 0 < claims["exp"] - time.time() <= 300
+        # A fresh one for each request.
+        fetch(sbx, f"https://{RULE_HOST}/headers?identity-2")
+        again = arrived(internet, "identity-2")["authorization"].removeprefix("Bearer ")
+        assert again != token and verify(again, jwks)["jti"] != claims["jti"]
+        # Not in the sandbox's environment or files either.
+        assert token not in run(sbx, "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")
+    finally:
+        sbx.kill()
+
+
+def test_a_rule_naming_an_undeclared_workload_token_is_refused(sdk: LiveServer) -> None:
+    network: Any = {
+        "allow_out": [RULE_HOST],
+        "deny_out": [ALL_TRAFFIC],
+        "rules": {RULE_HOST: [{"transform": {"headers": {"A": "${e2b.identity.tokens.gcp}"}}}]},
+    }
+    with pytest.raises(SandboxException, match="does not declare: gcp"):
+        Sandbox.create(network=network)

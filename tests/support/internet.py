@@ -12,7 +12,8 @@ Inside the namespace, on its loopback:
   ``connectivitycheck.gstatic.com``), ``203.0.113.20`` (``denied.example``),
   ``203.0.113.30`` (``other.example``): web servers whose answer names the address that
   served and the Host header it got; on ``/headers`` also every request header it got
-  (``headers``: [name, value] pairs; ``sha256``: each value's digest), and
+  (``headers``: [name, value] pairs; ``sha256``: each value's digest; appended in full
+  to ``requests.jsonl`` in the internet's directory), and
   ``/redirect/<url>`` answers 307 to ``<url>``;
 - ``<a>-<b>-<c>-<d>.ip.example`` resolves to the address ``a.b.c.d``, whatever it is (a name
   for an address a test gives the host, say);
@@ -210,6 +211,10 @@ class _Web(http.server.BaseHTTPRequestHandler):
             answer["sha256"] = {
                 k.lower(): hashlib.sha256(v.encode()).hexdigest() for k, v in self.headers.items()
             }
+            # And in full to a file of the host's (requests.jsonl in TestInternet.dir), for
+            # a test that must read what arrived (a token to verify).
+            with open(self.server.log_path, "a") as log:  # type: ignore[attr-defined]
+                log.write(json.dumps({"path": self.path, "headers": answer["headers"]}) + "\n")
         body = b"" if status == 204 else json.dumps(answer).encode()
         self.send_response(status)
         if status in (301, 302):
@@ -304,6 +309,7 @@ def _sink() -> None:
 def serve(config_path: str) -> None:
     directory = Path(json.loads(Path(config_path).read_text())["dir"])
     threads = []
+    _Threaded.log_path = directory / "requests.jsonl"  # type: ignore[attr-defined]
     web = _Threaded(("0.0.0.0", 80), _Web)
     threads.append(threading.Thread(target=web.serve_forever, daemon=True))
     tls = _Threaded(("0.0.0.0", 443), _Web)
