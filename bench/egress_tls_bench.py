@@ -1,17 +1,20 @@
-"""What a transform rule over HTTPS costs a sandbox, measured on this host against the test
-internet (tests/support/internet.py: a namespace of this machine; no packet leaves it).
+"""What a transform rule over HTTPS and an egressProxy cost a sandbox, measured on this
+host against the test internet (tests/support/internet.py: a namespace of this machine; no
+packet leaves it).
 
     sudo .venv/bin/python bench/egress_tls_bench.py [--n 200]
 
-From inside one sandbox, interleaved, ``--n`` HTTPS GETs each (connect, TLS handshake,
+From inside the sandboxes, interleaved, ``--n`` HTTPS GETs each (connect, TLS handshake,
 request, read to the end; fresh connections, then ``--n`` more on one kept-alive
 connection per path) to: ``allowed.example`` with a transform rule (the proxy terminates
 TLS with a certificate it minted, verifies the destination, rewrites the request),
 ``other.example`` through the proxy without a rule (diverted, routed by the TLS server
-name, relayed untouched), and the same address from a sandbox without domain rules (the
-kernel's path only). Then the cost of minting one certificate (``tls.Authority``) and of
-a cached lookup. Medians and p99s, in milliseconds. The rule's header is static: the
-per-request resolution of a secret is a database read (two indexed queries) on top.
+name, relayed untouched), the same address from a sandbox without domain rules (the
+kernel's path only), and ``other.example`` from a sandbox whose ``egressProxy`` is a
+SOCKS5 server on the test internet (Debian's dante, tests/support/socks.py). Then the cost
+of minting one certificate (``tls.Authority``) and of a cached lookup. Medians and p99s,
+in milliseconds. The rule's header is static: resolving a secret is a database read (two
+indexed queries) on top.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from e2bfacade.runtime.base import (  # noqa: E402
     NetworkPolicy,
     ProcessSpec,
     SandboxSpec,
+    UpstreamProxy,
 )
 from e2bfacade.runtime.guest import run_process  # noqa: E402
 from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
 from e2bfacade.runtime.local.net.rules import NetworkConfig  # noqa: E402
 from e2bfacade.runtime.local.net.tls import Authority  # noqa: E402
 from tests.support.internet import TestInternet  # noqa: E402
+from tests.support.socks import Dante  # noqa: E402
 
 OTHER = "203.0.113.30"  # other.example
 GUEST = r"""
@@ -103,7 +108,9 @@ def main() -> int:
         )
         rt = LocalRuntime(Path(tempfile.mkdtemp(prefix="e2bn-", dir="/tmp")), network=config)
         proxy = None
+        socks = Dante(internet, "203.0.113.40")
         try:
+            socks.__enter__()
             rt.ensure_base_image()
             proxy = start_proxy(rt.root)
             ruled = NetworkPolicy(
@@ -116,10 +123,18 @@ def main() -> int:
             rt.create(
                 SandboxSpec("egresstlsd", BUILTIN_IMAGE, network=NetworkPolicy(allow_internet=True))
             )
+            tunnelled = NetworkPolicy(
+                allow_internet=True,
+                allow_out=("other.example",),
+                deny_out=("0.0.0.0/0",),
+                upstream=UpstreamProxy(f"{socks.address}:{socks.port}"),
+            )
+            rt.create(SandboxSpec("egresstlss", BUILTIN_IMAGE, network=tunnelled))
             cases = (
                 ("rule: intercepted (TLS ended, rewritten)", "egresstlsp", "allowed.example"),
                 ("no rule: through the proxy, untouched", "egresstlsp", "other.example"),
                 ("no domain rules: kernel only (baseline)", "egresstlsd", "other.example"),
+                ("egressProxy: tunnelled through SOCKS5 by name", "egresstlss", "other.example"),
             )
             address = {"allowed.example": "203.0.113.10", "other.example": OTHER}
             for keep in (False, True):
@@ -142,6 +157,7 @@ def main() -> int:
             if proxy is not None:
                 proxy.kill()
                 proxy.wait()
+            socks.__exit__()
             destroy(rt)
     return 0
 
