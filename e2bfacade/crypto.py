@@ -1,5 +1,5 @@
 """Encryption at rest (Fernet, with rotation): idempotency's stored requests and responses,
-a template build's registry credentials until the build ends.
+a template build's registry credentials until the build ends, the values of a team's secrets.
 
 ``IDEMPOTENCY_ENCRYPTION_KEYS`` is a comma-separated list of Fernet keys, newest first:
 new data is encrypted with the first, and any listed key decrypts. To rotate, put a new key
@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+from dataclasses import dataclass
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -44,6 +45,25 @@ def _fernet(keys: tuple[str, ...], secret: str) -> MultiFernet:
             "make one with: python -c 'from cryptography.fernet import Fernet; "
             "print(Fernet.generate_key().decode())'"
         ) from exc
+
+
+@dataclass(frozen=True)
+class EncryptedColumn:
+    """A column of another app encrypted with these keys: ``model`` (an ``app.Model``
+    label) stores Fernet tokens in ``field`` (an empty value: nothing stored). Registered
+    at that app's ``ready()`` so the key rotation re-encrypts it without importing it."""
+
+    model: str
+    field: str
+    noun: str  # what the rotation reports it re-encrypted ("secret versions")
+
+
+ENCRYPTED_COLUMNS: list[EncryptedColumn] = []
+
+
+def register_encrypted_column(column: EncryptedColumn) -> None:
+    if column not in ENCRYPTED_COLUMNS:
+        ENCRYPTED_COLUMNS.append(column)
 
 
 def fernet() -> MultiFernet:

@@ -511,6 +511,10 @@ TEMPLATE_UPLOADS_IN_FLIGHT = _positive_int("TEMPLATE_UPLOADS_IN_FLIGHT", 64)
 TEMPLATE_UPLOADS_IN_FLIGHT_MB = _positive_int("TEMPLATE_UPLOADS_IN_FLIGHT_MB", 8192)
 # The base of the upload URLs (what clients reach this API at); empty: the request's own.
 E2B_PUBLIC_API_URL = env.str("E2B_PUBLIC_API_URL", default="").rstrip("/")
+# Workload identity (sandboxes/identity/): how long a minted token is valid, and how often
+# the issuer's signing key is replaced (a replaced key stays in the JWKS one more period).
+IDENTITY_TOKEN_SECONDS = _int("IDENTITY_TOKEN_SECONDS", 300, 30, 3600, "between 30 and 3600")
+IDENTITY_KEY_ROTATION_DAYS = _int("IDENTITY_KEY_ROTATION_DAYS", 30, 1, 365, "between 1 and 365")
 # Builds of one team in waiting or building at once (E2B answers 429 past its limit).
 TEMPLATE_BUILDS_PER_TEAM = _int("TEMPLATE_BUILDS_PER_TEAM", 4, 1, 64, "between 1 and 64")
 # Builds one build worker runs at once (each in a sandbox of its own). Two, so that with one

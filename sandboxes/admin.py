@@ -21,7 +21,7 @@ from e2bfacade.errors import ApiError, NotFound
 from e2bfacade.runtime.base import SandboxRuntimeError
 from idempotency.admin import record_link
 from sandboxes import services
-from sandboxes.models import Sandbox, Volume
+from sandboxes.models import Sandbox, Secret, Volume
 from sandboxes.volumes import services as volume_services
 from templates.models import Template
 
@@ -226,3 +226,24 @@ class VolumeAdmin(ReadOnlyAdmin[Volume]):
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("sandboxes.change_volume")
+
+
+@admin.register(Secret)
+class SecretAdmin(ReadOnlyAdmin[Secret]):
+    """A team's secrets, metadata only: no version and no value (encrypted or not) is on
+    any page. Changing a value, or revoking one, is the team's, through the API."""
+
+    list_display = ["name", "secret_id", "team", "current_version", "updated_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    list_select_related = ["team"]
+    search_fields = ["name", "secret_id", "team__name"]
+    fields = [
+        "secret_id",
+        "name",
+        "team",
+        "current_version",
+        "metadata",
+        "created_at",
+        "updated_at",
+        "revoked_at",
+    ]

@@ -130,6 +130,12 @@ class Sandbox(models.Model):
     # Demanded of callers of its ports (not envd's) when the create asked for
     # allowPublicTraffic false; empty: its ports are public.
     traffic_access_token = models.CharField(max_length=64, blank=True, default="")
+    # The password of its egressProxy (network["egressProxy"] holds the address and user),
+    # encrypted like a secret (e2bfacade.crypto); empty: none. Read by the egress proxy.
+    egress_proxy_password = models.BinaryField(default=b"", blank=True)
+    # E2B's iam (workload identity): {"issuer": URL, "tokens": {name: {audience,
+    # tokenType}}}; empty: none. The egress proxy mints the tokens (sandboxes/identity/).
+    iam = models.JSONField(default=dict, blank=True)
 
     objects = SandboxQuerySet.as_manager()
 
@@ -274,3 +280,68 @@ class TeamMetricSample(models.Model):
 
     def __str__(self) -> str:
         return f"team {self.team_id} @ {self.at}: {self.concurrent} live, {self.started} started"
+
+
+def new_secret_id() -> str:
+    return f"sec_{uuid.uuid4()}"  # E2B's: ``sec_`` + a UUID (the prefix names are denied)
+
+
+class Secret(models.Model):
+    """A team's secret (E2B's secrets, ``sandboxes/secrets/``): a name the egress proxy's
+    transform rules name as ``${e2b.secrets.<name>}``, and its versions' values, which no
+    read surface returns. Revoking sets ``revoked_at`` and erases every version's value in
+    the same transaction: a revoked secret resolves to nothing, and its name is free again."""
+
+    secret_id = models.CharField(primary_key=True, max_length=40, default=new_secret_id)
+    team = models.ForeignKey("e2bfacade.Team", on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=128)  # canonical: lower-case
+    current_version = models.PositiveIntegerField(default=1)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Live names only: a revoked secret's name may be taken again.
+            models.UniqueConstraint(
+                fields=["team", "name"],
+                condition=Q(revoked_at__isnull=True),
+                name="secret_team_live_name_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.secret_id})"
+
+
+class SecretVersion(models.Model):
+    """One value of a secret, encrypted (``e2bfacade.crypto``, so the key rotation covers
+    it). Kept when a newer version is written; erased (empty) when the secret is revoked."""
+
+    secret = models.ForeignKey(Secret, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    value_encrypted = models.BinaryField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["secret", "version"], name="secret_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.secret_id} v{self.version}"
+
+
+class IdentityKey(models.Model):
+    """A key the workload identity issuer signs tokens with (ES256, sandboxes/identity/):
+    the newest signs; every key still listed (``retired_at`` unset) is in the JWKS. The
+    private key is encrypted like a secret's value (``e2bfacade.crypto``)."""
+
+    kid = models.CharField(primary_key=True, max_length=64)
+    private_key_encrypted = models.BinaryField()
+    created_at = models.DateTimeField()
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.kid

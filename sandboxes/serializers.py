@@ -56,6 +56,123 @@ class StringListField(serializers.ListField):
         super().__init__(child=StrictCharField(max_length=253), max_length=max_items, **kwargs)
 
 
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's token
+# Written by the proxy itself, or framing the request: a rule may not set them.
+RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"}
+)
+MAX_RULE_DOMAINS = 100
+MAX_RULE_HEADERS = 50
+
+
+class NetworkRulesField(serializers.Field):  # type: ignore[type-arg]
+    """E2B's ``rules``: ``{domain: [{"transform": {"headers": {name: value}}}]}``. A domain
+    is a name or a pattern as in ``allowOut``; header names are HTTP tokens (not the ones
+    that frame a request); values are printable, and may hold ``${e2b.secrets.<name>}``
+    placeholders (checked against the team's secrets by the service)."""
+
+    def to_internal_value(self, data: Any) -> dict[str, list[dict[str, Any]]]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object of domain: [rule]")
+        if len(data) > MAX_RULE_DOMAINS:
+            raise serializers.ValidationError(f"at most {MAX_RULE_DOMAINS} domains")
+        out: dict[str, list[dict[str, Any]]] = {}
+        for domain, rules in data.items():
+            if not DOMAIN.fullmatch(domain.lower().rstrip(".")):
+                raise serializers.ValidationError(f"invalid rule domain {domain}")
+            if not isinstance(rules, list):
+                raise serializers.ValidationError(f"rules of {domain} must be a list")
+            out[domain] = [self._rule(domain, rule) for rule in rules]
+        return out
+
+    def _rule(self, domain: str, rule: Any) -> dict[str, Any]:
+        transform = rule.get("transform") if isinstance(rule, dict) else None
+        if transform is None:
+            return {}
+        headers = transform.get("headers") if isinstance(transform, dict) else None
+        if headers is None:
+            return {"transform": {}}
+        if not isinstance(headers, dict) or len(headers) > MAX_RULE_HEADERS:
+            raise serializers.ValidationError(
+                f"transform.headers of {domain} must be an object of at most "
+                f"{MAX_RULE_HEADERS} string values"
+            )
+        for name, value in headers.items():
+            if not HEADER_NAME.fullmatch(name) or name.lower() in RESERVED_HEADERS:
+                raise serializers.ValidationError(f"header {name!r} of {domain} cannot be set")
+            if not isinstance(value, str) or len(value) > 8192:
+                raise serializers.ValidationError(
+                    f"header {name} of {domain} must be a string of at most 8192 characters"
+                )
+            if any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+                raise serializers.ValidationError(
+                    f"header {name} of {domain} must not contain control characters"
+                )
+        return {"transform": {"headers": dict(headers)}}
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+IAM_TOKEN_NAME = re.compile(r"[^{}\x00-\x1f\x7f-\x9f]{1,128}")  # as the SDKs check it
+
+
+class IamField(serializers.Field):  # type: ignore[type-arg]
+    """E2B's ``iam``: ``{"tokens": {name: {"audience": str, "tokenType": "JWT-SVID"}}}``.
+    Names are what ``${e2b.identity.tokens.<name>}`` names (no brace, no control
+    character); at most 20 tokens."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(tokens or {}, dict):
+            raise serializers.ValidationError("must be {tokens: {name: {audience, tokenType}}}")
+        if len(tokens or {}) > 20:
+            raise serializers.ValidationError("at most 20 tokens")
+        out = {}
+        for name, token in (tokens or {}).items():
+            if not IAM_TOKEN_NAME.fullmatch(name):
+                raise serializers.ValidationError(f"iam token name {name!r} is not usable")
+            audience = token.get("audience") if isinstance(token, dict) else None
+            kind = token.get("tokenType") if isinstance(token, dict) else None
+            if not isinstance(audience, str) or not 0 < len(audience) <= 1024:
+                raise serializers.ValidationError(
+                    f"iam token {name}: audience must be a string of 1-1024 characters"
+                )
+            if kind != "JWT-SVID":
+                raise serializers.ValidationError(f"iam token {name}: tokenType must be JWT-SVID")
+            out[name] = {"audience": audience, "tokenType": kind}
+        return {"tokens": out} if out else {}
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class EgressProxySerializer(NullMeansAbsent):
+    """E2B's ``SandboxEgressProxyConfig``: a SOCKS5 server, with RFC 1929 credentials."""
+
+    address = StrictCharField(max_length=261, trim_whitespace=False)
+    username = StrictCharField(required=False, max_length=255, trim_whitespace=False)
+    password = StrictCharField(
+        required=False, allow_blank=True, max_length=255, trim_whitespace=False
+    )
+
+    def validate_address(self, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise serializers.ValidationError("must be host:port (e.g. proxy.example.com:1080)")
+        if _cidr(host) is None and not DOMAIN.fullmatch(host.lower()) or "*" in host:
+            raise serializers.ValidationError(f"invalid proxy host {host}")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name in ("username", "password"):
+            if len(attrs.get(name, "").encode()) > 255:
+                raise serializers.ValidationError({name: ["at most 255 bytes (RFC 1929)"]})
+        if "password" in attrs and "username" not in attrs:
+            raise serializers.ValidationError({"password": ["needs a username (RFC 1929)"]})
+        return attrs
+
+
 class EgressSerializer(NullMeansAbsent):
     """``allowOut`` / ``denyOut`` / ``dnsServers``, as E2B validates them (create's
     ``network`` and the body of ``PUT /sandboxes/{id}/network``)."""
@@ -63,9 +180,8 @@ class EgressSerializer(NullMeansAbsent):
     allowOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
     denyOut = StringListField(required=False, allow_null=True, max_items=MAX_RULES)
     dnsServers = StringListField(required=False, allow_null=True, max_items=10)
-    # Accepted by E2B's cloud only, or not at all by this server: refused by name.
-    egressProxy = serializers.JSONField(required=False, allow_null=True)
-    rules = serializers.JSONField(required=False, allow_null=True)
+    rules = NetworkRulesField(required=False, allow_null=True)
+    egressProxy = EgressProxySerializer(required=False, allow_null=True)
 
     def validate_allowOut(self, value: list[str] | None) -> list[str] | None:
         for entry in value or []:
@@ -99,16 +215,6 @@ class EgressSerializer(NullMeansAbsent):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        errors = {
-            name: [why]
-            for name, why in (
-                ("egressProxy", "an egress proxy is not supported by this server"),
-                ("rules", "request transform rules are not supported by this server"),
-            )
-            if attrs.get(name)
-        }
-        if errors:
-            raise serializers.ValidationError(errors)
         domains = [e for e in attrs.get("allowOut") or [] if _cidr(e) is None]
         if domains and ALL_TRAFFIC not in (attrs.get("denyOut") or []):
             raise serializers.ValidationError(
@@ -126,13 +232,21 @@ class NetworkConfigSerializer(EgressSerializer):
     """Create's ``network``."""
 
     allowPublicTraffic = StrictBooleanField(required=False, allow_null=True)
+    # The Host header of requests the data plane forwards to the sandbox's ports.
     maskRequestHost = StrictCharField(required=False, allow_null=True, max_length=253)
+
+    def validate_maskRequestHost(self, value: str | None) -> str | None:
+        if value is not None and (
+            not value or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in value)
+        ):
+            raise serializers.ValidationError("must be a host without spaces or control characters")
+        return value
+
     httpsPorts = serializers.JSONField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         for name, why in (
             ("httpsPorts", "HTTPS to sandbox ports is not supported by this server"),
-            ("maskRequestHost", "masking the Host header is not supported by this server"),
         ):
             if attrs.get(name):
                 raise serializers.ValidationError({name: [why]})
@@ -181,7 +295,7 @@ class NewSandboxSerializer(NullMeansAbsent):
         required=False, allow_null=True, max_entries=200, max_key=256, max_value=32768
     )
     mcp = serializers.JSONField(required=False, allow_null=True)
-    iam = serializers.JSONField(required=False, allow_null=True)
+    iam = IamField(required=False, allow_null=True)
     volumeMounts = serializers.ListField(
         child=VolumeMountSerializer(), required=False, allow_null=True
     )
@@ -228,7 +342,6 @@ class NewSandboxSerializer(NullMeansAbsent):
         # What this service itself does not do, whatever the driver.
         service_refusals = {
             "mcp": (bool(attrs.get("mcp")), "MCP gateways are not supported by this server"),
-            "iam": (bool(attrs.get("iam")), "workload identity is not supported by this server"),
         }
         errors |= {name: [why] for name, (bad, why) in service_refusals.items() if bad}
         if errors:
@@ -243,7 +356,10 @@ class NewSandboxSerializer(NullMeansAbsent):
 
 
 def _rules_in(network: dict[str, Any] | None) -> bool:
-    return any((network or {}).get(k) for k in ("allowOut", "denyOut", "dnsServers"))
+    return any(
+        (network or {}).get(k)
+        for k in ("allowOut", "denyOut", "dnsServers", "rules", "egressProxy")
+    )
 
 
 def _json_safe(value: Any) -> Any:
@@ -265,6 +381,7 @@ def create_request_from(body: dict[str, Any]) -> CreateRequest:
         allow_internet=allow_internet(body.get("allow_internet_access")),
         network=body.get("network") or {},
         volume_mounts=tuple((m["name"], m["path"]) for m in body.get("volumeMounts") or ()),
+        iam=body.get("iam") or {},
     )
 
 

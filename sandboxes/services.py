@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from e2bfacade import crypto
 from e2bfacade.errors import ApiError, BadRequest, Conflict, NotFound, NothingAllocated
 from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
@@ -28,12 +29,14 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxRuntimeError,
     SandboxSpec,
+    UpstreamProxy,
 )
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.admission import host_capacity, sandbox_admit
 from sandboxes.logs import Level, sandbox_log_boot, sandbox_log_event
 from sandboxes.models import Sandbox, SandboxVolumeMount, new_access_token, new_sandbox_id
+from sandboxes.secrets.selectors import check_rule_placeholders
 from sandboxes.transitions import (
     CONNECT,
     KILL,
@@ -71,16 +74,51 @@ class CreateRequest:
     network: dict[str, Any] = field(default_factory=dict)  # create's ``network``, validated
     # create's ``volumeMounts`` as (volume name, guest path), in the order given
     volume_mounts: tuple[tuple[str, str], ...] = ()
+    # create's ``iam``: {"tokens": {...}, "issuer": the URL tokens name as ``iss``}
+    iam: dict[str, Any] = field(default_factory=dict)
+
+
+NETWORK_FIELDS = (
+    "allowOut",
+    "denyOut",
+    "dnsServers",
+    "rules",
+    "egressProxy",
+)  # what an update replaces
 
 
 def network_policy(allow_internet: bool, network: dict[str, Any]) -> NetworkPolicy:
-    """The runtime's view of a sandbox's egress (E2B's allowOut / denyOut / dnsServers)."""
+    """The runtime's view of a sandbox's egress (E2B's allowOut / denyOut / dnsServers, and
+    its ``rules``: per domain, the headers of its rules' transforms, merged in order)."""
     dns = network.get("dnsServers")
+    transforms = []
+    for domain, rules in (network.get("rules") or {}).items():
+        headers: dict[str, str] = {}
+        for rule in rules:
+            headers |= (rule.get("transform") or {}).get("headers") or {}
+        if headers:
+            transforms.append((domain, tuple(headers.items())))
+    proxy = network.get("egressProxy")
     return NetworkPolicy(
+        upstream=None if not proxy else UpstreamProxy(proxy["address"], proxy.get("username")),
         allow_internet=allow_internet,
         allow_out=tuple(network.get("allowOut") or ()),
         deny_out=tuple(network.get("denyOut") or ()),
         dns_servers=None if dns is None else tuple(dns),
+        transforms=tuple(transforms),
+    )
+
+
+def egress_proxy_split(network: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``network`` as a sandbox's row keeps it — its egressProxy without the password —
+    and the password, encrypted (empty: none)."""
+    proxy = network.get("egressProxy")
+    if not proxy:
+        return network, b""
+    password = proxy.get("password")
+    kept = {k: v for k, v in proxy.items() if k != "password"}
+    return {**network, "egressProxy": kept}, (
+        crypto.encrypt(password.encode()) if password is not None else b""
     )
 
 
@@ -112,10 +150,22 @@ def sandbox_reserve(
             f"template '{request.template_ref}' has no ready build yet",
             headers={"Should-Retry": "false"},
         )
+    check_rule_placeholders(
+        team_id=team.pk,
+        rules=request.network.get("rules"),
+        tokens=set((request.iam.get("tokens") or {}).keys()),
+    )
     host = sandbox_admit(team=team, template=template)
     # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
     mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
     now = timezone.now()
+    network, proxy_password = egress_proxy_split(
+        {
+            k: v
+            for k, v in request.network.items()
+            if k in (*NETWORK_FIELDS, "maskRequestHost")  # the last: create only
+        }
+    )
     sandbox = Sandbox.objects.create(
         sandbox_id=sandbox_id or new_sandbox_id(),
         team=team,
@@ -138,9 +188,9 @@ def sandbox_reserve(
         auto_resume=request.auto_resume,
         host=host,
         allow_internet_access=request.allow_internet,
-        network={
-            k: v for k, v in request.network.items() if k in ("allowOut", "denyOut", "dnsServers")
-        },
+        network=network,
+        egress_proxy_password=proxy_password,
+        iam=request.iam,
         traffic_access_token=(
             new_access_token() if request.network.get("allowPublicTraffic") is False else ""
         ),
@@ -187,6 +237,7 @@ def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = 
                 envd_access_token=sandbox.envd_access_token,
                 network=network_policy(sandbox.allow_internet_access, sandbox.network),
                 traffic_access_token=sandbox.traffic_access_token or None,
+                mask_request_host=(sandbox.network or {}).get("maskRequestHost") or None,
                 warm_pool=template.warm_pool,
                 volume_mounts=volume_mounts,
             )
@@ -289,8 +340,16 @@ def sandbox_update_network(
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
     wanted = {k: v for k, v in network.items() if v is not None}
+    if (sandbox.network or {}).get("maskRequestHost"):  # not an egress rule: kept
+        wanted["maskRequestHost"] = sandbox.network["maskRequestHost"]
+    check_rule_placeholders(
+        team_id=team.pk,
+        rules=wanted.get("rules"),
+        tokens=set(((sandbox.iam or {}).get("tokens") or {}).keys()),
+    )
+    wanted, proxy_password = egress_proxy_split(wanted)
     Sandbox.objects.filter(pk=sandbox.pk).update(
-        allow_internet_access=allow_internet, network=wanted
+        allow_internet_access=allow_internet, network=wanted, egress_proxy_password=proxy_password
     )
     runtime = get_runtime()
     for _ in range(3):

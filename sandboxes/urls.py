@@ -1,7 +1,9 @@
-"""Sandbox and volume routes, at the root as E2B has them (no prefix, no trailing slash)."""
+"""Sandbox, volume and secret routes, at the root as E2B has them (no prefix, no trailing slash)."""
 
 from django.urls import path
 
+from sandboxes.identity import views as identity
+from sandboxes.secrets.views import SecretViewSet as Sec
 from sandboxes.views import NodeViewSet as Nodes
 from sandboxes.views import OperatorViewSet as Op
 from sandboxes.views import SandboxViewSet as V
@@ -33,4 +35,11 @@ urlpatterns = [
     path("nodes/<str:node_id>", Nodes.as_view({"get": "retrieve", "post": "set_status"})),
     path("volumes", Vol.as_view({"post": "create", "get": "list"})),
     path("volumes/<str:volume_id>", Vol.as_view({"get": "retrieve", "delete": "destroy"})),
+    path("secrets", Sec.as_view({"get": "list", "post": "create"})),
+    path(
+        "secrets/<str:secret_id>",
+        Sec.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
+    ),
+    path(".well-known/openid-configuration", identity.discovery),
+    path(".well-known/jwks.json", identity.jwk_set),
 ]

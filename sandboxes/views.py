@@ -20,6 +20,7 @@ from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, logs, operator, selectors, services, usage
 from sandboxes.admission import host_capacity
+from sandboxes.identity.views import issuer_of
 from sandboxes.serializers import (
     LISTED_COLUMNS,
     ConnectSerializer,
@@ -59,12 +60,13 @@ class SandboxViewSet(viewsets.ViewSet):
     ) -> Any:
         serializer = serializer_class(data=json_body(request))
         serializer.is_valid(raise_exception=True)
+        body = serializer.canonical()
+        if body.get("iam"):  # the issuer its workload tokens name: where it was asked
+            body["iam"]["issuer"] = issuer_of(request)
         # Admission reads the host's capacity inside the reserve transaction; the first read
         # in a process builds the runtime (disk, cgroups): do that here, outside it.
         host_capacity()
-        return idempotency.run(
-            request, team=team_of(request), route=route, params={}, body=serializer.canonical()
-        )
+        return idempotency.run(request, team=team_of(request), route=route, params={}, body=body)
 
     @extend_schema(
         operation_id="createSandboxV2",
@@ -181,7 +183,7 @@ class SandboxViewSet(viewsets.ViewSet):
             team=team_of(request),
             sandbox_id=sandbox_id,
             allow_internet=allow_internet(data.pop("allow_internet_access", None)),
-            network={k: data.get(k) for k in ("allowOut", "denyOut", "dnsServers")},
+            network={k: data.get(k) for k in services.NETWORK_FIELDS},
         )
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -20,8 +20,10 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # inside sandboxes (the base template's /usr is the host's). nginx-light: the API's front
 # (e2bfacade/front.py), which `manage.py serve` starts before gunicorn's sync workers so that
 # slow or idle clients cannot hold them (with a configuration of its own, nothing in /etc).
+# dante-server: the SOCKS5 server the egressProxy tests run on their test internet
+# (tests/support/socks.py; its service is disabled below).
 packages=(gcc libc6-dev libseccomp-dev golang-github-containers-common sudo e2fsprogs nftables
-    libnftables1 iproute2 curl lxcfs nginx-light)
+    libnftables1 iproute2 curl lxcfs nginx-light dante-server)
 # Template bases (templates/builds/): skopeo copies images from a registry, umoci flattens
 # them into a root file system and packs the Debian bases that mmdebstrap makes, and
 # docker-registry is the registry the tests (and an operator's mirror) serve on loopback.
@@ -106,6 +108,10 @@ if ((${#missing[@]})); then
     # starting: disabled, so that a reboot does not start it either.
     if [[ " ${missing[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null; then
         systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi
+    # Likewise dante's: the tests run their own danted, in their test internet only.
+    if [[ " ${missing[*]} " == *" dante-server "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable --now danted.service >/dev/null 2>&1 || true
     fi
 fi
 

@@ -128,7 +128,7 @@ class Capability(enum.StrEnum):
     so no driver is ever asked for what it cannot honour."""
 
     INTERNET_ACCESS = "internet_access"  # egress beyond the sandbox's own loopback
-    NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers
+    NETWORK_RULES = "network_rules"  # allowOut / denyOut / dnsServers / rules
     FILESYSTEM_PAUSE = "filesystem_pause"  # pause(memory=False): drops memory, keeps files
     REBOOT_ON_RESUME = "reboot_on_resume"  # resume(memory=False): fresh processes, kept files
     MEMORY_SNAPSHOTS = "memory_snapshots"  # snapshots that capture process memory
@@ -137,6 +137,17 @@ class Capability(enum.StrEnum):
     PROCESSES = "processes"  # Guest.start_process: commands inside the guest
     PTY = "pty"  # Guest.start_process with a terminal
     FILES = "files"  # the Guest's file operations
+
+
+@dataclass(frozen=True)
+class UpstreamProxy:
+    """E2B's ``egressProxy``: a SOCKS5 server (``host:port``) the sandbox's outbound TCP is
+    tunnelled through, with RFC 1929 credentials when ``username`` is set. The password is
+    not here: the egress proxy asks its resolver for it when it connects (kind
+    ``egressProxy``), so it is on no runtime record."""
+
+    address: str
+    username: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,13 @@ class NetworkPolicy:
     allow_out: tuple[str, ...] = ()
     deny_out: tuple[str, ...] = ()
     dns_servers: tuple[str, ...] | None = None
+    # E2B's ``rules``: per domain pattern, the headers the egress proxy writes into the
+    # sandbox's HTTP requests to it (values may hold ``${e2b.secrets.<name>}``, resolved on
+    # the way out). A domain here is not thereby allowed.
+    transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    # E2B's ``egressProxy``: every new outbound TCP connection the rules allow goes out
+    # through it (domain-matched ones by name: the SOCKS server resolves them).
+    upstream: UpstreamProxy | None = None
 
     @property
     def is_isolated(self) -> bool:
@@ -185,6 +203,9 @@ class SandboxSpec:
     # Demanded of callers of the sandbox's ports other than envd's (E2B's
     # allowPublicTraffic false; None: its ports are public).
     traffic_access_token: str | None = None
+    # E2B's maskRequestHost: the Host header the data plane gives requests it forwards to
+    # the sandbox's ports, ``${PORT}`` replaced by the port (None: the caller's own).
+    mask_request_host: str | None = None
     # How many started sandboxes of this spec's shape a driver with a warm pool keeps
     # ready for the creates after it (see keep_warm). None: the driver's default (the
     # local runtime's: ``warm`` for an image with a start command, none otherwise).
@@ -214,6 +235,7 @@ class SandboxInfo:
     env_vars: Mapping[str, str] = field(default_factory=dict)
     traffic_access_token: str | None = None
     volume_mounts: tuple[VolumeMount, ...] = ()  # as created (SandboxSpec.volume_mounts)
+    mask_request_host: str | None = None
 
 
 @dataclass(frozen=True)

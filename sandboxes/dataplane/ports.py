@@ -70,9 +70,18 @@ def _target(scope: Scope) -> bytes:
     return raw + (b"?" + query if query else b"")
 
 
-def _forwarded_headers(scope: Scope, port: int) -> list[tuple[bytes, bytes]]:
+def _forwarded_headers(
+    scope: Scope, port: int, mask: str | None = None
+) -> list[tuple[bytes, bytes]]:
+    """The caller's headers, less the hop's; the Host is ``mask`` (E2B's maskRequestHost,
+    ``${PORT}`` replaced by the port) when the sandbox was created with one."""
     out = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in DROPPED]
-    if not any(k.lower() == b"host" for k, _ in out):
+    if mask is not None:
+        out = [(k, v) for k, v in out if k.lower() != b"host"]
+        # Capitalised as a client sends it: what the sandbox's server records (E2B's test
+        # looks for "Host:").
+        out.insert(0, (b"Host", mask.replace("${PORT}", str(port)).encode()))
+    elif not any(k.lower() == b"host" for k, _ in out):
         out.insert(0, (b"host", f"localhost:{port}".encode()))
     return out
 
@@ -87,7 +96,7 @@ async def forward(scope: Scope, receive: Receive, send: Send, guest: Guest, port
         return
     reader, writer = opened
     conn = h11.Connection(h11.CLIENT)
-    headers = _forwarded_headers(scope, port)
+    headers = _forwarded_headers(scope, port, guest.info.mask_request_host)
     has_length = any(k.lower() == b"content-length" for k, _ in headers)
     if not has_length and scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE"):
         headers.append((b"transfer-encoding", b"chunked"))
@@ -187,7 +196,12 @@ async def _websocket(scope: Scope, receive: Receive, send: Send, sandbox: Guest,
         for k, v in _forwarded_headers(scope, port)
         if not k.lower().startswith(b"sec-websocket") and k.lower() != b"host"
     ]
-    host = header(scope.get("headers", []), b"host") or f"localhost:{port}"
+    mask = sandbox.info.mask_request_host
+    host = (
+        mask.replace("${PORT}", str(port))
+        if mask is not None
+        else header(scope.get("headers", []), b"host") or f"localhost:{port}"
+    )
     writer.write(
         guest.send(
             ws.Request(

@@ -29,7 +29,8 @@ def assert_nothing_created(runtime: LocalRuntime) -> None:
         ("network", {"denyOut": ["0.0.0.0/0"]}),
         ("network", {"allowOut": ["1.1.1.1"]}),
         ("mcp", {"github": {"token": "x"}}),
-        ("iam", {"role": "arn:aws:iam::1:role/x"}),
+        # iam is supported; a token type other than E2B's one is not.
+        ("iam", {"tokens": {"aws": {"audience": "sts.amazonaws.com", "tokenType": "OIDC"}}}),
     ],
 )
 def test_an_unsupported_create_field_is_refused_by_name(

@@ -11,7 +11,10 @@ Inside the namespace, on its loopback:
 - ``203.0.113.10`` (``allowed.example``, ``www.allowed.example``,
   ``connectivitycheck.gstatic.com``), ``203.0.113.20`` (``denied.example``),
   ``203.0.113.30`` (``other.example``): web servers whose answer names the address that
-  served and the Host header it got;
+  served and the Host header it got; on ``/headers`` also every request header it got
+  (``headers``: [name, value] pairs; ``sha256``: each value's digest; appended in full
+  to ``requests.jsonl`` in the internet's directory), and
+  ``/redirect/<url>`` answers 307 to ``<url>``;
 - ``<a>-<b>-<c>-<d>.ip.example`` resolves to the address ``a.b.c.d``, whatever it is (a name
   for an address a test gives the host, say);
 - port 5001 on every address: a sink for throughput measurements.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import http.server
 import ipaddress
 import itertools
@@ -186,20 +190,37 @@ class _Web(http.server.BaseHTTPRequestHandler):
         host = (self.headers.get("Host") or "").rsplit(":", 1)[0]
         if self.path == "/generate_204":
             status = 204
+        elif self.path.startswith("/redirect/"):
+            status = 307
         elif host == "1.1.1.1":
             status = 301
         elif host == "8.8.8.8":
             status = 302
         else:
             status = 200
-        body = (
-            b""
-            if status == 204
-            else json.dumps({"served_by": served_by, "host": host, "path": self.path}).encode()
-        )
+        answer: dict[str, object] = {
+            "served_by": served_by,
+            "host": host,
+            "path": self.path,
+            "client": self.client_address[0],  # who connected: a SOCKS server, a NAT
+        }
+        if self.path.startswith("/headers"):
+            answer["headers"] = [[k, v] for k, v in self.headers.items()]
+            # What it got, in a form a relay that masks values cannot change: a test checks
+            # a header arrived without the value travelling back to the guest.
+            answer["sha256"] = {
+                k.lower(): hashlib.sha256(v.encode()).hexdigest() for k, v in self.headers.items()
+            }
+            # And in full to a file of the host's (requests.jsonl in TestInternet.dir), for
+            # a test that must read what arrived (a token to verify).
+            with open(self.server.log_path, "a") as log:  # type: ignore[attr-defined]
+                log.write(json.dumps({"path": self.path, "headers": answer["headers"]}) + "\n")
+        body = b"" if status == 204 else json.dumps(answer).encode()
         self.send_response(status)
         if status in (301, 302):
             self.send_header("Location", "/moved")
+        if status == 307:
+            self.send_header("Location", self.path.removeprefix("/redirect/"))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -288,6 +309,7 @@ def _sink() -> None:
 def serve(config_path: str) -> None:
     directory = Path(json.loads(Path(config_path).read_text())["dir"])
     threads = []
+    _Threaded.log_path = directory / "requests.jsonl"  # type: ignore[attr-defined]
     web = _Threaded(("0.0.0.0", 80), _Web)
     threads.append(threading.Thread(target=web.serve_forever, daemon=True))
     tls = _Threaded(("0.0.0.0", 443), _Web)

@@ -218,8 +218,7 @@ class Server:
             )
             if self.env.get("SANDBOX_UPLINK", "none") != "none":
                 self.egress = subprocess.Popen(
-                    [sys.executable, "-m", "e2bfacade.runtime.local.net.egress"]
-                    + [str(self.sandbox_root)],
+                    [sys.executable, "manage.py", "run_egress", str(self.sandbox_root)],
                     cwd=REPO,
                     env=self.env,
                     stdout=log,

@@ -46,6 +46,7 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
         adopted=adopted,
         envd_access_token=record.envd_access_token,
         traffic_access_token=record.traffic_access_token,
+        mask_request_host=record.mask_request_host,
         default_user=record.default_user,
         env_vars=dict(record.env_vars),
         pause_mode=mode,

@@ -24,6 +24,7 @@ from e2bfacade.runtime.base import (
     NetworkPolicy,
     SandboxInfo,
     SandboxSpec,
+    UpstreamProxy,
     check_id,
 )
 from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeMount
@@ -72,6 +73,7 @@ class SandboxRecord:
     default_user: str = DEFAULT_USER
     envd_access_token: str | None = None
     traffic_access_token: str | None = None
+    mask_request_host: str | None = None
     network: NetworkPolicy | None = None  # None: no link (the runtime had no networking)
     warm: str | None = None  # a pool sandbox's shape key (pools/warm.py)
     warm_version: str | None = None
@@ -100,6 +102,7 @@ class SandboxRecord:
             default_user=self.default_user,
             envd_access_token=self.envd_access_token,
             traffic_access_token=self.traffic_access_token,
+            mask_request_host=self.mask_request_host,
             network=self.network or NetworkPolicy(),
             volume_mounts=self.volume_mounts,
         )
@@ -130,6 +133,7 @@ class SandboxRecord:
             "default_user": self.default_user,
             "envd_access_token": self.envd_access_token,
             "traffic_access_token": self.traffic_access_token,
+            "mask_request_host": self.mask_request_host,
             "network": None if self.network is None else policy_json(self.network),
         }
         if self.volume_mounts:
@@ -170,6 +174,7 @@ class SandboxRecord:
             default_user=str(data.get("default_user") or DEFAULT_USER),
             envd_access_token=data.get("envd_access_token"),
             traffic_access_token=data.get("traffic_access_token"),
+            mask_request_host=data.get("mask_request_host"),
             network=None if network is None else policy_of(network),
             warm=data.get("warm"),
             warm_version=data.get("warm_version"),
@@ -191,16 +196,30 @@ def policy_json(policy: NetworkPolicy) -> dict[str, Any]:
         "allow_out": list(policy.allow_out),
         "deny_out": list(policy.deny_out),
         "dns_servers": None if policy.dns_servers is None else list(policy.dns_servers),
+        "upstream": None
+        if policy.upstream is None
+        else {"address": policy.upstream.address, "username": policy.upstream.username},
+        "transforms": [
+            [domain, [list(h) for h in headers]] for domain, headers in policy.transforms
+        ],
     }
 
 
 def policy_of(data: Mapping[str, Any]) -> NetworkPolicy:
     dns = data.get("dns_servers")
+    upstream = data.get("upstream")
     return NetworkPolicy(
+        upstream=None
+        if not upstream
+        else UpstreamProxy(str(upstream["address"]), upstream.get("username")),
         allow_internet=bool(data.get("allow_internet")),
         allow_out=tuple(data.get("allow_out") or ()),
         deny_out=tuple(data.get("deny_out") or ()),
         dns_servers=None if dns is None else tuple(dns),
+        transforms=tuple(
+            (str(domain), tuple((str(k), str(v)) for k, v in headers))
+            for domain, headers in data.get("transforms") or ()
+        ),
     )
 
 

@@ -1,11 +1,13 @@
 """``python manage.py rotate_idempotency_keys``: re-encrypt every stored request and
-response with the first key of IDEMPOTENCY_ENCRYPTION_KEYS (run after adding a new key in
-front; then the old key can be removed)."""
+response, and every other column encrypted with the same keys (a team's secret values:
+``e2bfacade.crypto.ENCRYPTED_COLUMNS``), with the first key of IDEMPOTENCY_ENCRYPTION_KEYS
+(run after adding a new key in front; then the old key can be removed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -42,3 +44,27 @@ class Command(BaseCommand):
                 last = batch[-1].pk
                 n += len(batch)
         self.stdout.write(f"re-encrypted {n} idempotency records")
+        for column in crypto.ENCRYPTED_COLUMNS:
+            count = self._rotate_column(column)
+            self.stdout.write(f"re-encrypted {count} {column.noun}")
+
+    def _rotate_column(self, column: crypto.EncryptedColumn) -> int:
+        model = apps.get_model(column.model)
+        n = 0
+        last: Any = None
+        while True:
+            with transaction.atomic():
+                # Locked as above: a row written meanwhile under the old key would be lost
+                # with it. An empty value (an erased one) has nothing to re-encrypt.
+                rows = model.objects.select_for_update().exclude(**{column.field: b""})
+                if last is not None:
+                    rows = rows.filter(pk__gt=last)
+                batch = list(rows.order_by("pk")[:1000])
+                if not batch:
+                    break
+                for row in batch:
+                    setattr(row, column.field, crypto.rotate(getattr(row, column.field)))
+                    row.save(update_fields=[column.field])
+                last = batch[-1].pk
+                n += len(batch)
+        return n

@@ -229,9 +229,9 @@ class Command(BaseCommand):
             if not options["no_worker"]:
                 children["worker"] = popen([python, "manage.py", "run_worker"])
             if settings.SANDBOX_NETWORK is not None:
-                # Domain names in allowOut (e2bfacade/runtime/local/net/egress.py).
+                # Domain names in allowOut and transform rules (run_egress.py).
                 children["egress"] = popen(
-                    [python, "-m", "e2bfacade.runtime.local.net.egress", str(settings.SANDBOX_ROOT)]
+                    [python, "manage.py", "run_egress", str(settings.SANDBOX_ROOT)]
                     + [json.dumps(settings.SANDBOX_NETWORK.to_json())]  # this service's own
                 )
             for _ in range(300):

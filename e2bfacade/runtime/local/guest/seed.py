@@ -12,6 +12,23 @@ from typing import Any
 from e2bfacade.runtime.local.storage import disks
 
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
+EGRESS_CA = "etc/ssl/certs/e2bfacade-egress-ca.pem"
+MAX_BUNDLE = 8 << 20
+# certifi's own bundle, where Python images keep it (requests and httpx read it, not the
+# system store): extended like the system's when the image has one.
+CERTIFI_BUNDLES = (
+    "usr/local/lib/python3*/site-packages/certifi/cacert.pem",
+    "usr/lib/python3*/site-packages/certifi/cacert.pem",
+    "usr/lib/python3/dist-packages/certifi/cacert.pem",
+    "opt/*/lib/python3*/site-packages/certifi/cacert.pem",
+)
+# Under the template's and the create's own: what points the usual TLS stacks at a bundle
+# holding the egress proxy's CA (Node adds it to its built-in roots).
+TRUST_ENV = {
+    "NODE_EXTRA_CA_CERTS": "/" + EGRESS_CA,
+    "SSL_CERT_FILE": "/" + CA_BUNDLE,
+    "REQUESTS_CA_BUNDLE": "/" + CA_BUNDLE,
+}
 
 
 def resolv_conf(sandbox_dir: Path, owner: int, servers: Sequence[str]) -> None:
@@ -21,16 +38,35 @@ def resolv_conf(sandbox_dir: Path, owner: int, servers: Sequence[str]) -> None:
 
 
 def trust(
-    sandbox_dir: Path, owner: int, chain: Sequence[dict[str, Any]], layer_root: Any, extra: str
+    sandbox_dir: Path,
+    owner: int,
+    chain: Sequence[dict[str, Any]],
+    layer_root: Any,
+    egress_ca: Path,
+    extra: str | None,
 ) -> None:
-    """The image's CA bundle (from the top layer that has one) plus the extra CAs."""
-    base = b""
-    for meta in chain:  # the top layer first
-        path = layer_root(meta["id"]) / CA_BUNDLE
-        if path.is_file() and not path.is_symlink():
-            base = path.read_bytes()
-            break
-    _write(sandbox_dir, owner, CA_BUNDLE, base + b"\n" + Path(extra).read_bytes())
+    """The image's CA bundle (from the top layer that has one), and certifi's if the
+    image has one, plus the egress proxy's CA and the extra CAs; the egress CA alone in a
+    file of its own (``NODE_EXTRA_CA_CERTS``)."""
+    added = egress_ca.read_bytes() + (b"\n" + Path(extra).read_bytes() if extra else b"")
+    _write(sandbox_dir, owner, EGRESS_CA, egress_ca.read_bytes())
+    for pattern in (CA_BUNDLE, *CERTIFI_BUNDLES):
+        found: list[tuple[Path, Path]] = []  # (layer root, bundle) of the top layer with any
+        for meta in chain:  # the top layer first
+            root = layer_root(meta["id"])
+            found = [(root, p) for p in sorted(root.glob(pattern)) if _plain(p)]
+            if found:
+                break
+        if not found and pattern == CA_BUNDLE:
+            _write(sandbox_dir, owner, CA_BUNDLE, b"\n" + added)  # no bundle: ours alone
+        for root, path in found:
+            data = path.read_bytes() + b"\n" + added
+            _write(sandbox_dir, owner, str(path.relative_to(root)), data)
+
+
+def _plain(path: Path) -> bool:
+    # A template's files are its owner's: a "bundle" too large to be one is left alone.
+    return path.is_file() and not path.is_symlink() and path.stat().st_size < MAX_BUNDLE
 
 
 def _write(sandbox_dir: Path, owner: int, relative: str, data: bytes) -> None:

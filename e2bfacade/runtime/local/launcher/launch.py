@@ -32,6 +32,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local import build, lxcfs
 from e2bfacade.runtime.local.guest import seed
+from e2bfacade.runtime.local.net import tls
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.pools.warm import is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
@@ -66,9 +67,9 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         disks.attach(d, spec.disk_mb, owner=owner)
     if rt.network is not None:
         seed.resolv_conf(d, owner, rt.network.config.dns_servers)
-        if rt.network.config.extra_ca is not None:
-            layer = lambda image_id: rt.layout.image_dir(image_id) / "rootfs"  # noqa: E731
-            seed.trust(d, owner, chain, layer, rt.network.config.extra_ca)
+        layer = lambda image_id: rt.layout.image_dir(image_id) / "rootfs"  # noqa: E731
+        egress_ca = tls.ensure_ca(rt.layout.root)  # the egress proxy's (transform rules)
+        seed.trust(d, owner, chain, layer, egress_ca, rt.network.config.extra_ca)
     record = SandboxRecord(
         sandbox_id=spec.sandbox_id,
         image_id=spec.image_id,
@@ -80,11 +81,12 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         created_at=rt.now(),
         hostname=spec.hostname,
         env_vars=dict(spec.env_vars),
-        image_env=env_of(chain),
+        image_env={**(seed.TRUST_ENV if rt.network is not None else {}), **env_of(chain)},
         image_workdir=workdir_of(chain),
         default_user=spec.default_user,
         envd_access_token=spec.envd_access_token,
         traffic_access_token=spec.traffic_access_token,
+        mask_request_host=spec.mask_request_host,
         network=spec.network if rt.network is not None else None,
         warm=rt.warm.key(spec) if is_warm(spec.sandbox_id) else None,
         warm_version=rt.version if is_warm(spec.sandbox_id) else None,

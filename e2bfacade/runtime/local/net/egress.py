@@ -23,25 +23,44 @@ delivered locally before any routing mark applies; the kernel refuses that too
 E2B's proxy does). Every socket the proxy opens carries the runtime's routing mark, so it
 leaves by the sandboxes' uplink, never by the host's own routes.
 
+**Transform rules** (E2B's ``network.rules``, transform.py): a sandbox whose rules name
+the request's domain has its HTTP requests to that domain rewritten on the way out — the
+rule's headers written in, their placeholders resolved by the proxy's resolver. Such a
+connection is always dialled to the address the proxy resolves for the *name* (then
+judged by the sandbox's rules as any other: an allowed domain, else its CIDR rules), never
+to the one the guest chose: a guest cannot have a secret sent to an address it picked.
+Each request on it is parsed, and one for another host ends the connection. What comes
+back has the values written in masked (transform.Masker).
+
+**egressProxy** (socks.py): a sandbox with one has every new TCP connection diverted
+here, on any port; it is judged as above, then tunnelled through the SOCKS5 server — by
+name when it matched one (an allowed domain, a rule's), else by the address dialled. The
+server's own address is checked like any the proxy dials; its password comes from the
+resolver (kind ``egressProxy``) when it connects, never from a record.
+
 Run as ``python -m e2bfacade.runtime.local.net.egress SANDBOX_ROOT [NETWORK_JSON]``
 (``manage.py serve`` supervises it and gives it the service's networking configuration;
 without one it takes what the root's runtime saved); it serves every sandbox of that root.
 It claims the root's share of the host's network as every runtime process does
 (roots.py), so a root that collides with another root of this host stops it at start
-with a message naming the other root.
+with a message naming the other root. Without a resolver (run so, rather than by
+``manage.py run_egress``) no placeholder resolves: rule headers holding one are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
 import socket
+import ssl
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +70,19 @@ import dns.query
 import dns.rdatatype
 
 from e2bfacade.runtime.base import RuntimeUnavailable
+from e2bfacade.runtime.local.net import socks
 from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
 from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
-from e2bfacade.runtime.local.net.rules import NetworkConfig
+from e2bfacade.runtime.local.net.rules import PROXY_PORTS, NetworkConfig
+from e2bfacade.runtime.local.net.tls import Authority, TlsServer, upstream_context
+from e2bfacade.runtime.local.net.transform import (
+    BadRequest,
+    Masker,
+    body_framing,
+    parse_head,
+    rewrite,
+    rule_for,
+)
 from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
@@ -63,6 +92,10 @@ HEAD_MAX = 16 * 1024
 HEAD_SECONDS = 10.0
 CONNECT_SECONDS = 10.0
 COPY = 1 << 16
+IDLE_FLUSH = 0.05  # seconds a masked stream may pause before what it holds back is sent
+
+# (sandbox id, placeholder kind, name) -> the value, or None: unknown, revoked, not allowed.
+Resolver = Callable[[str, str, str], "str | None"]
 
 
 def matches(name: str, domains: list[str]) -> bool:
@@ -116,7 +149,10 @@ class EgressProxy:
     """The proxy of the root ``root``, with its service's networking ``config`` (None: as
     the root's runtime last saved it, once there is one)."""
 
-    def __init__(self, root: Path, config: NetworkConfig | None = None) -> None:
+    def __init__(
+        self, root: Path, config: NetworkConfig | None = None, resolve: Resolver | None = None
+    ) -> None:
+        self.resolve_placeholder: Resolver = resolve or (lambda sandbox, kind, name: None)
         layout = Layout(root, claim_ids=False)  # the proxy starts no sandboxes
         while config is None:  # written by the service's first runtime, in a moment
             config = load_config(layout)
@@ -126,6 +162,8 @@ class EgressProxy:
         self.net.setup()  # claims the root's port, or refuses naming the root in the way
         self.never = self.net.never_reachable()
         self.host = HostAddresses()
+        self.authority = Authority(root)  # TLS for the domains of transform rules (tls.py)
+        self.upstream_tls = upstream_context(config.extra_ca)
 
     def _socket(self, kind: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
@@ -156,12 +194,20 @@ class EgressProxy:
                         return str(item.address)
         return None
 
-    def decide(self, record: dict[str, Any], name: str | None, address: str) -> str | None:
-        """Where to connect (an address), or None: refused."""
+    def decide(
+        self, record: dict[str, Any], name: str | None, address: str, *, by_name: bool = False
+    ) -> str | None:
+        """Where to connect (an address), or None: refused. ``by_name``: the connection
+        must go where ``name`` resolves, whatever the guest dialled (a transform rule's)."""
         domains = [str(d) for d in record.get("domains") or []]
         if name and matches(name, domains):
             resolved = self.resolve(name)
             return resolved if resolved and not self._is_blocked(resolved) else None
+        if by_name:
+            resolved = self.resolve(name) if name else None
+            if resolved is None:
+                return None
+            address = resolved
         if self._is_blocked(address):
             return None
         ip = ipaddress.IPv4Address(address)
@@ -186,7 +232,8 @@ class EgressProxy:
             head, name = b"", None
             loop = asyncio.get_running_loop()
             deadline = loop.time() + HEAD_SECONDS
-            while len(head) < HEAD_MAX and name is None:
+            # Other ports (a tunnelled sandbox's) may wait for the server to speak first.
+            while port in PROXY_PORTS and len(head) < HEAD_MAX and name is None:
                 left = deadline - loop.time()
                 if left <= 0:
                     break
@@ -202,20 +249,36 @@ class EgressProxy:
                     break  # not TLS: no name to wait for
                 if port != 443 and b"\r\n\r\n" in head:
                     break
-            target = await loop.run_in_executor(None, self.decide, record, name, address)
+            # Only a rule's domain is ever intercepted (TLS terminated, requests parsed):
+            # everything else is relayed as the bytes it is.
+            rule = rule_for(name, record.get("transforms") or {}) if port in (80, 443) else None
+            tunnel = record.get("upstream")
+            target: str | None
+            if tunnel and name and matches(name, record.get("domains") or []):
+                target = name  # allowed by name: the SOCKS server resolves it (remote DNS)
+            else:
+                target = await loop.run_in_executor(
+                    None, functools.partial(self.decide, by_name=rule is not None),
+                    record, name, address,
+                )  # fmt: skip
+                if target is not None and tunnel and name and rule is not None:
+                    target = name  # a rule's: judged by where it resolves, asked for by name
             if target is None:
                 log.info("refused %s -> %s:%d (name %r)", guest, address, port, name)
                 return
-            out = self._socket(socket.SOCK_STREAM)
-            out.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(out, (target, port)), CONNECT_SECONDS)
-            except (TimeoutError, OSError):
-                out.close()
+                out = await self._dial(tunnel, str(record.get("sandbox_id") or ""), target, port)
+            except (TimeoutError, OSError) as exc:
+                log.info("egress: could not reach %s:%d: %s", target, port, exc)
+                return
+            if rule is not None and name is not None:
+                await self._intercept(reader, writer, out, port, head, name, rule, record)
                 return
             up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
             upstream.write(head)
             await asyncio.gather(_copy(reader, upstream), _copy(up_reader, writer))
+        except ssl.SSLCertVerificationError as exc:
+            log.info("egress: a rule's destination failed verification: %s", exc.verify_message)
         except (OSError, ValueError):
             pass
         except Exception:  # noqa: BLE001 - one connection's failure is logged, not fatal
@@ -225,6 +288,132 @@ class EgressProxy:
                 if w is not None:
                     with contextlib.suppress(OSError):
                         w.close()
+
+    async def _dial(
+        self, tunnel: dict[str, Any] | None, sandbox: str, host: str, port: int
+    ) -> socket.socket:
+        """A connected socket to ``host``:``port``: directly (``host`` an address the rules
+        allowed), or through the sandbox's SOCKS5 server (``tunnel``; ``host`` may then be
+        a name), whose own address is checked like any the proxy dials."""
+        loop = asyncio.get_running_loop()
+        out = self._socket(socket.SOCK_STREAM)
+        out.setblocking(False)
+        try:
+            if tunnel is None:
+                await asyncio.wait_for(loop.sock_connect(out, (host, port)), CONNECT_SECONDS)
+                return out
+            server, server_port = socks.split_address(str(tunnel["address"]))
+            try:
+                server_ip = str(ipaddress.IPv4Address(server))
+            except ValueError:
+                resolved: str | None = await loop.run_in_executor(None, self.resolve, server)
+                server_ip = resolved or ""
+            if not server_ip or self._is_blocked(server_ip):
+                raise OSError(f"the egress proxy {tunnel['address']} is not reachable")
+            await asyncio.wait_for(
+                loop.sock_connect(out, (server_ip, server_port)), CONNECT_SECONDS
+            )
+            username = tunnel.get("username")
+            password = None
+            if username is not None:
+                password = await loop.run_in_executor(
+                    None, self.resolve_placeholder, sandbox, "egressProxy", "password"
+                )
+            await socks.connect(out, host, port, username, password)
+            return out
+        except BaseException:
+            out.close()
+            raise
+
+    async def _intercept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        out: socket.socket,
+        port: int,
+        head: bytes,
+        name: str,
+        rule: dict[str, str],
+        record: dict[str, Any],
+    ) -> None:
+        """A connection to a rule's domain: on 443, TLS is verified to the destination
+        (for ``name``) before the guest's handshake is answered with a certificate minted
+        for ``name``; then the requests are rewritten and the answers masked."""
+        guest_in: Any = reader
+        guest_out: Any = writer
+        if port == 443:
+            up_reader, upstream = await asyncio.wait_for(
+                asyncio.open_connection(
+                    sock=out, limit=COPY, ssl=self.upstream_tls, server_hostname=name
+                ),
+                CONNECT_SECONDS,
+            )
+            tls = TlsServer(reader, writer, self.authority.context(name), head)
+            await asyncio.wait_for(tls.handshake(), HEAD_SECONDS)
+            guest_in = guest_out = tls
+            head = b""
+        else:
+            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
+        try:
+            masker = Masker()
+            sandbox = str(record.get("sandbox_id") or "")
+            await asyncio.gather(
+                self._transform(guest_in, upstream, head, name, rule, sandbox, masker),
+                _copy(up_reader, guest_out, masker),
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.close()
+
+    async def _transform(
+        self,
+        reader: Any,
+        upstream: asyncio.StreamWriter,
+        head: bytes,
+        name: str,
+        rule: dict[str, str],
+        sandbox: str,
+        masker: Masker,
+    ) -> None:
+        """Relay the guest's requests to ``name`` with ``rule``'s headers written in, one
+        request at a time (keep-alive: each is parsed; one for another host, or one the
+        proxy cannot frame exactly, ends the connection, nothing of it forwarded)."""
+        loop = asyncio.get_running_loop()
+        buffer = head
+
+        def resolve(kind: str, ref: str) -> str | None:
+            return self.resolve_placeholder(sandbox, kind, ref)
+
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    if len(buffer) > HEAD_MAX:
+                        return
+                    chunk = await reader.read(COPY)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                raw, buffer = buffer.split(b"\r\n\r\n", 1)
+                request = parse_head(raw)
+                if request.host() != name:
+                    log.info("egress: a request for another host ended a connection to %s", name)
+                    return
+                length = body_framing(request)
+                # Resolved per request, off the event loop: a new version or a revoke
+                # applies from the next request on.
+                new_head, values = await loop.run_in_executor(None, rewrite, request, rule, resolve)
+                masker.add(values)
+                upstream.write(new_head)
+                buffer = await _relay_body(reader, upstream, buffer, length)
+                await upstream.drain()
+        except BadRequest as exc:
+            log.info("egress: closed a connection to %s: %s", name, exc)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                if upstream.can_write_eof():
+                    upstream.write_eof()
 
     def listener(self) -> socket.socket:
         """The listening socket: 127.0.0.1 and the root's port, transparent (it accepts the
@@ -250,11 +439,25 @@ class EgressProxy:
             await server.serve_forever()
 
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _copy(reader: Any, writer: Any, masker: Masker | None = None) -> None:
+    """Relay ``reader`` to ``writer`` (asyncio streams, or a tls.TlsServer), masking what
+    ``masker`` holds when given."""
     try:
-        while chunk := await reader.read(COPY):
-            writer.write(chunk)
+        while True:
+            if masker is None:
+                chunk = await reader.read(COPY)
+            else:
+                try:  # a pause in the stream releases what the masker holds back
+                    chunk = await asyncio.wait_for(reader.read(COPY), IDLE_FLUSH)
+                except TimeoutError:
+                    writer.write(masker.flush())
+                    chunk = await reader.read(COPY)
+            if not chunk:
+                break
+            writer.write(chunk if masker is None else masker.feed(chunk))
             await writer.drain()
+        if masker is not None:
+            writer.write(masker.flush())
         if writer.can_write_eof():
             writer.write_eof()
     except OSError:
@@ -262,7 +465,63 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-def main(argv: list[str]) -> int:
+async def _relay_body(
+    reader: Any, upstream: asyncio.StreamWriter, buffer: bytes, length: int | None
+) -> bytes:
+    """Forward one request body (``length`` bytes, or chunked: None) from ``buffer`` and
+    then ``reader``; return what follows it (the next request's start)."""
+
+    async def some(limit: int) -> bytes:
+        """Between 1 and ``limit`` bytes of the body."""
+        nonlocal buffer
+        if not buffer:
+            buffer = await reader.read(COPY)
+            if not buffer:
+                raise asyncio.IncompleteReadError(b"", limit)
+        out, buffer = buffer[:limit], buffer[limit:]
+        return out
+
+    async def forward(n: int) -> None:
+        while n > 0:
+            part = await some(n)
+            upstream.write(part)
+            n -= len(part)
+            await upstream.drain()
+
+    async def line() -> bytes:
+        nonlocal buffer
+        while b"\r\n" not in buffer:
+            if len(buffer) > HEAD_MAX:
+                raise BadRequest("a chunk header too long")
+            chunk = await reader.read(COPY)
+            if not chunk:
+                raise asyncio.IncompleteReadError(buffer, None)
+            buffer += chunk
+        out, buffer = buffer.split(b"\r\n", 1)
+        return out + b"\r\n"
+
+    if length is not None:
+        await forward(length)
+        return buffer
+    while True:  # chunked: size line, data, CRLF; a zero size ends it, then trailers
+        size_line = await line()
+        try:
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise BadRequest("a malformed chunk size") from None
+        upstream.write(size_line)
+        if size == 0:
+            while (trailer := await line()) != b"\r\n":
+                upstream.write(trailer)
+            upstream.write(b"\r\n")
+            return buffer
+        await forward(size)
+        if await line() != b"\r\n":  # what the destination would read as the next size
+            raise BadRequest("a chunk not followed by CRLF")
+        upstream.write(b"\r\n")
+
+
+def main(argv: list[str], resolve: Resolver | None = None) -> int:
     if len(argv) not in (1, 2):
         print(
             "usage: python -m e2bfacade.runtime.local.net.egress SANDBOX_ROOT [NETWORK_JSON]",
@@ -274,7 +533,7 @@ def main(argv: list[str]) -> int:
     # run's (one that was refused, say).
     config = NetworkConfig.from_json(json.loads(argv[1])) if len(argv) == 2 else None
     try:
-        proxy = EgressProxy(Path(argv[0]), config)
+        proxy = EgressProxy(Path(argv[0]), config, resolve)
         asyncio.run(proxy.serve())
     except RuntimeUnavailable as exc:
         print(f"egress proxy: {exc.message}", file=sys.stderr)

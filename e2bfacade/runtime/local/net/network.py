@@ -39,6 +39,9 @@ and sets (see nft.py for why a sandbox is only ever set elements):
   against the domains, as E2B does. While no proxy listens, TPROXY lets the connection
   through undiverted and it is judged by the sandbox's CIDR rules, as on any other port
   (never more than the proxy would allow: a name is only ever allowed by the proxy).
+- Sandboxes with an ``egressProxy`` are in ``tunnelled``: ``divert`` hands *all* their new
+  TCP connections (not to ``blocked``) to the egress proxy, which judges them by the same
+  rules and tunnels the allowed ones through the SOCKS5 server (socks.py).
 - ``proxy_out``: a socket of the egress proxy (by its mark) leaves by the uplink or not at
   all; in particular it is never delivered to the host itself, which the ``local`` table
   (``ip rule`` 0, looked up before any mark) would otherwise do for the host's addresses.

@@ -111,6 +111,10 @@ class Rules:
     domains: list[str] = field(default_factory=list)
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
+    # domain pattern -> headers to write in (egress.py); placeholders, never their values
+    transforms: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the SOCKS5 server its TCP goes out through: {"address", "username"} (no password)
+    upstream: dict[str, str | None] | None = None
 
 
 def _mask(length: int) -> str:
@@ -141,8 +145,14 @@ def rules_for(policy: NetworkPolicy, ifname: str, default_dns: tuple[str, ...]) 
                 rules.elements.append(item)
     rules.allow = [str(ipaddress.IPv4Network(e, strict=False)) for e in allow]
     rules.deny = [str(ipaddress.IPv4Network(e, strict=False)) for e in deny]
-    if rules.domains:
+    rules.transforms = {
+        domain.lower().rstrip("."): dict(headers) for domain, headers in policy.transforms
+    }
+    if rules.domains or rules.transforms:  # both need the proxy to see the connection
         rules.elements.append(("proxied", f'"{ifname}"'))
+    if policy.upstream is not None:  # every new TCP connection, on any port
+        rules.upstream = {"address": policy.upstream.address, "username": policy.upstream.username}
+        rules.elements.append(("tunnelled", f'"{ifname}"'))
     return rules
 
 
@@ -167,6 +177,7 @@ def ruleset(
         f"flush set {t} blocked",
         f"add element {t} blocked {{ {', '.join(blocked)} }}",
         f"add set {t} proxied {{ type ifname; }}",
+        f"add set {t} tunnelled {{ type ifname; }}",
         # No chain of this name belongs here: one in a table made by another version
         # (a nat chain redirecting with DNAT) would fight divert. Removed if present.
         f"add chain {t} prerouting",
@@ -223,6 +234,10 @@ def ruleset(
             # Every later packet of a diverted connection follows its first to the proxy.
             f'iifname "{prefix}" ct mark {divert} meta mark set {divert} accept',
             f"iifname @proxied tcp dport {{ {', '.join(map(str, PROXY_PORTS))} }} "
+            f"ip daddr != @blocked ct state new tproxy ip to 127.0.0.1:{port} "
+            f"meta mark set {divert} ct mark set {divert} accept",
+            # An egressProxy sandbox: all its TCP, which the proxy judges and tunnels.
+            f"iifname @tunnelled meta l4proto tcp "
             f"ip daddr != @blocked ct state new tproxy ip to 127.0.0.1:{port} "
             f"meta mark set {divert} ct mark set {divert} accept",
         ],

@@ -226,6 +226,7 @@ class WarmPool:
             env_vars=dict(spec.env_vars),
             envd_access_token=spec.envd_access_token,
             traffic_access_token=spec.traffic_access_token,
+            mask_request_host=spec.mask_request_host,
             network=spec.network if rt.network is not None else None,
             warm=None,
             warm_version=None,
@@ -275,6 +276,7 @@ class WarmPool:
                             env_vars={},
                             envd_access_token=None,
                             traffic_access_token=None,
+                            mask_request_host=None,
                             network=NetworkPolicy(),
                         )
                     )
