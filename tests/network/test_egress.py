@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2bfacade.runtime.base import BUILTIN_IMAGE, NetworkPolicy, SandboxSpec
+from e2bfacade.runtime.base import BUILTIN_IMAGE, NetworkPolicy, SandboxSpec, UpstreamProxy
 from e2bfacade.runtime.local import LocalRuntime
 from tests.network.conftest import curl, network_config, sh
 from tests.runtime.conftest import destroy_runtime, make_runtime
@@ -334,6 +334,25 @@ def test_while_no_egress_proxy_listens_a_domain_sandbox_is_held_to_its_cidr_rule
         assert curl(rt, sid, f"http://{WEB}/")[0] != 0
         code, body = curl(rt, sid, f"http://{OTHER}/")
         assert code == 0 and served_by(body) == OTHER, body
+    finally:
+        destroy_runtime(rt)
+        assert rt.network is not None
+        rt.network.teardown()
+
+
+def test_while_no_egress_proxy_listens_an_egress_proxy_sandbox_reaches_nothing(
+    internet: TestInternet,
+) -> None:
+    """An egressProxy sandbox's TCP leaves only through the user's SOCKS server: with no
+    egress proxy to tunnel it, it is refused, never sent around the user's proxy."""
+    rt = make_runtime(network=network_config(internet))
+    try:
+        rt.ensure_base_image()
+        sid = "notunnel" + str(time.monotonic_ns() % 100000)
+        policy = NetworkPolicy(allow_internet=True, upstream=UpstreamProxy(f"{OTHER}:1080"))
+        rt.create(SandboxSpec(sid, BUILTIN_IMAGE, network=policy))
+        assert curl(rt, sid, f"http://{WEB}/")[0] != 0
+        assert curl(rt, sid, f"http://{OTHER}/")[0] != 0
     finally:
         destroy_runtime(rt)
         assert rt.network is not None

@@ -211,6 +211,10 @@ def ruleset(
             # A connection diverted to the egress proxy never leaves as itself.
             f"ct mark {divert} jump refuse",
             "ct state established,related accept",
+            # An egressProxy sandbox's TCP leaves only through its proxy: one the egress proxy
+            # did not take (it is down: tproxy finding no socket lets the packet go on) is
+            # refused, never sent as itself around the user's proxy.
+            "iifname @tunnelled meta l4proto tcp jump refuse",
             f'oifname != "{up}" jump refuse',
             "ip daddr @blocked jump refuse",
             *(f"iifname . ip daddr & {_mask(n)} @allow{n} accept" for n in range(32, -1, -1)),
