@@ -25,8 +25,6 @@ from sandboxes.serializers import (
     LISTED_COLUMNS,
     ConnectSerializer,
     ListedSandboxSerializer,
-    MaxTeamMetricSerializer,
-    MetricSerializer,
     MetricsQuerySerializer,
     NetworkUpdateSerializer,
     NewSandboxSerializer,
@@ -35,15 +33,19 @@ from sandboxes.serializers import (
     RefreshSerializer,
     ResumeSerializer,
     SandboxDetailSerializer,
-    SandboxesWithMetricsSerializer,
-    SandboxLogsSerializer,
-    SandboxLogsV2Serializer,
     SandboxSerializer,
-    TeamMetricSerializer,
     TimeoutBodySerializer,
     allow_internet,
     listed_rows,
     listed_values,
+)
+from sandboxes.usage_serializers import (
+    MaxTeamMetricSerializer,
+    MetricSerializer,
+    SandboxesWithMetricsSerializer,
+    SandboxLogsSerializer,
+    SandboxLogsV2Serializer,
+    TeamMetricSerializer,
 )
 
 ADMIN_KILL_RESULT = inline_serializer(

@@ -22,6 +22,8 @@ from typing import IO, TYPE_CHECKING, Protocol
 # Part of the interface, kept in a module of their own (this one is long enough).
 from e2bfacade.runtime.measures import LimitEvents as LimitEvents
 from e2bfacade.runtime.measures import Metrics as Metrics
+from e2bfacade.runtime.policy import NetworkPolicy as NetworkPolicy
+from e2bfacade.runtime.policy import UpstreamProxy as UpstreamProxy
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.guest import Guest
@@ -137,44 +139,6 @@ class Capability(enum.StrEnum):
     PROCESSES = "processes"  # Guest.start_process: commands inside the guest
     PTY = "pty"  # Guest.start_process with a terminal
     FILES = "files"  # the Guest's file operations
-
-
-@dataclass(frozen=True)
-class UpstreamProxy:
-    """E2B's ``egressProxy``: a SOCKS5 server (``host:port``) the sandbox's outbound TCP is
-    tunnelled through, with RFC 1929 credentials when ``username`` is set. The password is
-    not here: the egress proxy asks its resolver for it when it connects (kind
-    ``egressProxy``), so it is on no runtime record."""
-
-    address: str
-    username: str | None = None
-
-
-@dataclass(frozen=True)
-class NetworkPolicy:
-    """A sandbox's egress, as E2B defines it. ``allow_internet`` off is ``deny_out`` of
-    ``0.0.0.0/0``; an address matching ``allow_out`` (CIDRs, or domain names matched by the
-    HTTP Host header or TLS server name on ports 80 and 443) is allowed even when it matches
-    ``deny_out`` (CIDRs only); anything matched by neither is allowed. ``dns_servers`` are
-    the resolvers opened when ``allow_out`` names a domain (None: the driver's default).
-    Drivers without :attr:`Capability.INTERNET_ACCESS` accept only the isolated default."""
-
-    allow_internet: bool = False
-    allow_out: tuple[str, ...] = ()
-    deny_out: tuple[str, ...] = ()
-    dns_servers: tuple[str, ...] | None = None
-    # E2B's ``rules``: per domain pattern, the headers the egress proxy writes into the
-    # sandbox's HTTP requests to it (values may hold ``${e2b.secrets.<name>}``, resolved on
-    # the way out). A domain here is not thereby allowed.
-    transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
-    # E2B's ``egressProxy``: every new outbound TCP connection the rules allow goes out
-    # through it (domain-matched ones by name: the SOCKS server resolves them).
-    upstream: UpstreamProxy | None = None
-
-    @property
-    def is_isolated(self) -> bool:
-        """No egress at all: what a driver without networking gives every sandbox."""
-        return not (self.allow_internet or self.allow_out)
 
 
 DEFAULT_USER = "user"

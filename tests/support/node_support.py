@@ -3,6 +3,7 @@ find node and npm, and install exactly the versions a folder's package-lock.json
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -49,15 +50,22 @@ def npm_ci(folder: Path, package: str, npm: str) -> None:
 
     if all_installed():
         return
-    install = subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if install.returncode != 0 or not all_installed():
-        pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
+    # The suite's lines run side by side, and two of them may need one folder at once: one
+    # npm ci at a time per folder (two unpacking into one node_modules break each other),
+    # the second finding the first's install done.
+    with open(folder / ".npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all_installed():
+            return
+        install = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if install.returncode != 0 or not all_installed():
+            pytest.fail(f"npm ci failed:\n{install.stdout}\n{install.stderr}", pytrace=False)
 
 
 def run_sdk_script(folder: Path, script: str, env: dict[str, str], timeout: int = 180) -> None:
