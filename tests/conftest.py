@@ -5,6 +5,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
@@ -14,6 +15,7 @@ from e2bfacade.models import ApiKey, Team
 from e2bfacade.runtime.local import build
 from e2bfacade.startup import is_insecure_secret_key
 from tests.support.factories import ApiKeyFactory, TeamFactory
+from tests.support.runtime_support import session_sandbox_root
 
 # The service refuses the built-in, public SECRET_KEY and derives no encryption key from it
 # (e2bfacade/startup.py). Unless the environment brings a real one, the suite makes its own:
@@ -32,6 +34,19 @@ settings.SANDBOX_RUNTIME_OPTIONS.pop("network", None)
 if not os.environ.get(build.CACHE_ENV):
     os.environ[build.CACHE_ENV] = _helper_cache = tempfile.mkdtemp(prefix="e2bfacade-sandboxd-")
     atexit.register(shutil.rmtree, _helper_cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sandbox_root_of_the_run() -> Iterator[None]:
+    """A test that reaches the runtime without a root of its own (an API call through a
+    view that asks the host's capacity) gets this run's, under /tmp and torn down with the
+    run, never the machine's default root (/var/lib/e2bfacade), where its daemons would
+    outlive the suite and hold a block of the host's ids."""
+    runs = session_sandbox_root("e2bd-")
+    settings.SANDBOX_ROOT = next(runs)
+    yield
+    for _ in runs:
+        pass
 
 
 @pytest.fixture

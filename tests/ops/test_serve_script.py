@@ -43,6 +43,7 @@ def first_lines(repo: Path) -> list[str]:
         DATABASE_URL=f"sqlite:///{repo}/db.sqlite3",
         SKIP_CODE_INTERPRETER="1",
         PROMETHEUS_MULTIPROC_DIR=str(repo / "metrics"),
+        SANDBOX_ROOT=str(repo / "sandbox-root"),  # never the machine's default root
     )
     env.pop("SECRET_KEY", None)  # a first run makes its own, into .env
     proc = subprocess.Popen(
