@@ -70,6 +70,16 @@ ensure_postgres
 ensure_postgres_login
 # No test reaches a real network: sandboxes get the suite's own test internet or nothing.
 export SANDBOX_UPLINK=none
+# A test that reaches the runtime without a root of its own (an API call asking the host's
+# capacity) uses this run's root, shared by the suite's lines as one service's root is,
+# never the machine's default (/var/lib/e2bfacade); torn down when the suite ends.
+SANDBOX_ROOT="$(mktemp -d /tmp/e2bd-XXXXXX)"
+export SANDBOX_ROOT
+teardown_run_root() {
+    env SECRET_KEY="teardown-$RANDOM$RANDOM$RANDOM$RANDOM" \
+        .venv/bin/python manage.py teardown_root >/dev/null 2>&1 || true
+    rm -rf "$SANDBOX_ROOT"
+}
 
 # Run everything even when something fails, so one run shows all that is broken. Any
 # non-zero pytest status fails the suite, including 5 ("no tests collected").
@@ -170,6 +180,7 @@ else
         || failed+=("PostgreSQL restart (exit $?)")
 fi
 
+teardown_run_root
 # Nothing the suite made may outlive it: every test root is /tmp/e2b*, and its sandboxes'
 # disks, pooled disks, spare launchers and daemons must be gone with it.
 leftovers="$(

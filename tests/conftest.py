@@ -41,7 +41,11 @@ def _sandbox_root_of_the_run() -> Iterator[None]:
     """A test that reaches the runtime without a root of its own (an API call through a
     view that asks the host's capacity) gets this run's, under /tmp and torn down with the
     run, never the machine's default root (/var/lib/e2bfacade), where its daemons would
-    outlive the suite and hold a block of the host's ids."""
+    outlive the suite and hold a block of the host's ids. scripts/test.sh gives its lines
+    one such root (SANDBOX_ROOT), which it tears down itself."""
+    if os.environ.get("SANDBOX_ROOT", "").startswith("/tmp/e2bd-"):
+        yield
+        return
     runs = session_sandbox_root("e2bd-")
     settings.SANDBOX_ROOT = next(runs)
     yield
