@@ -289,6 +289,7 @@ def build_submit_system(
         raise ValueError("a system build is of a public template, by the system team")
     spec = spec_of(body)
     digest = hashlib.sha256(json.dumps([spec, None], sort_keys=True).encode()).hexdigest()
+    host = _this_host()  # the runtime is asked outside the transaction, never within
     with transaction.atomic():
         # The template's row orders concurrent submits: the second sees the first's build.
         Template.objects.select_for_update().filter(pk=template.pk).first()
@@ -308,7 +309,7 @@ def build_submit_system(
             spec=spec,
             spec_digest=digest,
             started_at=timezone.now(),
-            host=_this_host(),  # its archives are on this host: only its workers run it
+            host=host,  # its archives are on this host: only its workers run it
         )
         wakeup.announce()
     return build
