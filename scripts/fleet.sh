@@ -208,7 +208,18 @@ wait_ready() {
 }
 
 start_front() {
-    local h
+    local h body
+    # What the front answers for a host it cannot reach (its health checks failed, or
+    # nothing answers): E2B's error shape, and a retry is worth it (the host may come back,
+    # or the fleet moves what it held).
+    body='{"code":503,"message":"the host that holds this sandbox is unreachable; retry later","error_code":"host_unreachable"}'
+    printf 'HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nShould-Retry: true\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s' \
+        "${#body}" "$body" >"$FLEET_DIR/503.http"
+    # A host that stopped answering in the middle of a request: whether the request took
+    # effect is unknown, so no retry is promised (an Idempotency-Key makes one safe).
+    body='{"code":502,"message":"the host stopped answering during this request; its outcome is unknown","error_code":"host_unreachable"}'
+    printf 'HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s' \
+        "${#body}" "$body" >"$FLEET_DIR/502.http"
     {
         cat <<CFG
 global
@@ -222,6 +233,9 @@ defaults
     timeout server 1h
     timeout tunnel 1h
     option http-server-close
+    errorfile 503 $FLEET_DIR/503.http
+    errorfile 502 $FLEET_DIR/502.http
+    errorfile 504 $FLEET_DIR/502.http
 # The control plane: a sandbox's own routes go to the host that holds it (the map, kept
 # from the database by run_front_sync); creates, lists and the rest to any ready host.
 frontend api
