@@ -184,7 +184,8 @@ start_host() {
     find "$d/metrics" -maxdepth 1 -name '*.db' -delete
     host_env "$h" >"$d/env"
     # setsid: the host's processes are one session, which `kill` ends at once.
-    in_host "$h" env $(cat "$d/env") setsid "$python" manage.py serve \
+    # A clean environment: the host runs with its own settings only, not its caller's.
+    in_host "$h" env -i PATH="$PATH" LANG=C.UTF-8 $(cat "$d/env") setsid "$python" manage.py serve \
         --bind "$(host_addr "$h"):3000" --sandbox-bind "$(host_addr "$h"):3001" \
         --workers "${FLEET_WORKERS:-2}" --sandbox-workers 1 \
         >>"$d/serve.log" 2>&1 </dev/null &
