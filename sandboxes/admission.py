@@ -38,7 +38,8 @@ from e2bfacade import capabilities
 from e2bfacade.errors import AtCapacity, BadRequest, NothingAllocated
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capability, Capacity, SandboxRuntimeError
-from nodes.selectors import Node, node_capacity, placement_candidates
+from nodes import selectors
+from nodes.selectors import Node
 from sandboxes.models import Sandbox, Volume
 from templates.models import BUILD_DISK_MB, Template, TemplateBuild
 from templates.services import template_fits
@@ -50,8 +51,8 @@ def placement() -> tuple[Node, Capacity]:
     once it is built (callers call this before they open a transaction, so that the first
     call of a process builds it there: no runtime work inside one)."""
     try:
-        node = placement_candidates()[0]
-        return node, node_capacity(node)
+        node = selectors.placement_candidates()[0]
+        return node, selectors.node_capacity(node)
     except SandboxRuntimeError as exc:
         raise NothingAllocated(exc.message, headers={"Should-Retry": "false"}) from exc
 
