@@ -59,7 +59,7 @@ def assert_elsewhere(
         assert private not in body["message"]
 
 
-CONTROL_ROUTES = (
+CONTROL_ROUTES: tuple[tuple[str, str, dict[str, Any] | None], ...] = (
     ("delete", "/sandboxes/{id}", None),
     ("post", "/sandboxes/{id}/pause", {}),
     ("post", "/sandboxes/{id}/resume", {"timeout": 60}),
