@@ -212,8 +212,8 @@ def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = 
     :func:`sandbox_mounts`). Safe to call again for the same row (the runtime adopts an id
     that already runs), so a crashed create can be re-driven.
 
-    Raises :class:`ServiceUnavailable` when the runtime refused; the row is then deleted,
-    since the refusal proves nothing was allocated.
+    Raises :class:`e2bfacade.errors.ServiceUnavailable` when the runtime refused; the row is
+    then deleted, since the refusal proves nothing was allocated.
     """
     template = sandbox.template
     runtime = sandbox_runtime(sandbox)
