@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
@@ -18,6 +19,7 @@ from rest_framework.views import APIView
 
 from e2bfacade import observability
 from e2bfacade.errors import error_body
+from e2bfacade.fleet import fence
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +61,15 @@ def check_runtime() -> None:
 READINESS_CHECKS: dict[str, Callable[[], None]] = {
     "database": check_database,
     "runtime": check_runtime,
+    # In a fleet: this host's fence holds (a fenced host takes no traffic from the front).
+    "fleet": fence.check_serving,
 }
 
 
 class ReadinessView(APIView):
     """``GET /health/ready``: 200 when this process can serve sandbox requests (the database
-    answers ``SELECT 1`` and the sandbox runtime is usable), else 503 naming the failing
-    checks. For a load balancer's readiness probe; no API key.
+    answers ``SELECT 1``, the sandbox runtime is usable and, in a fleet, the host's fence
+    holds), else 503 naming the failing checks. For a load balancer's readiness probe; no API key.
 
     The body names each check's outcome but never the exception text (this route is public);
     the details go to the server log under the request's id."""
@@ -94,6 +98,8 @@ class ReadinessView(APIView):
     def get(self, request: Request) -> Response:
         checks: dict[str, str] = {}
         for name, check in READINESS_CHECKS.items():
+            if name == "fleet" and not settings.ETCD_ENDPOINTS:
+                continue  # a fleet of one has no fence
             try:
                 check()
                 checks[name] = "ok"

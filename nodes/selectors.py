@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from e2bfacade.errors import ApiError, ServiceUnavailable
+from e2bfacade.fleet import fence
 from e2bfacade.runtime.base import Capacity, Runtime
 from e2bfacade.sandbox_runtime import get_runtime
 
@@ -91,6 +92,9 @@ def runtime_for(node: Node) -> Runtime:
     runtime = get_runtime()
     if node.host_id != runtime.host_id:
         raise LookupError(f"no runtime of this process acts on host {node.label}")
+    # In a fleet, a host that cannot prove it is alive does no sandbox work: the fleet may
+    # be giving its sandboxes up (e2bfacade/fleet/fence.py).
+    fence.check_serving()
     return runtime
 
 

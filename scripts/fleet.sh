@@ -275,7 +275,7 @@ CFG
     touch "$FLEET_DIR/sandboxes.map"
     haproxy -q -c -f "$FLEET_DIR/haproxy.cfg" || die "the front's configuration is invalid"
     haproxy -D -f "$FLEET_DIR/haproxy.cfg"
-    # The map kept from the database (nodes/front.py), from the machine's namespace.
+    # The map kept from the database (sandboxes/routes.py), from the machine's namespace.
     env $(grep -E '^(SECRET_KEY|DATABASE_URL)=' "$FLEET_DIR/hosts/a/env") setsid "$python" \
         manage.py run_front_sync --socket "$FLEET_DIR/haproxy.sock" \
         --map "$FLEET_DIR/sandboxes.map" >"$FLEET_DIR/front-sync.log" 2>&1 </dev/null &

@@ -17,7 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from e2bfacade.fleet import membership
-from nodes.fleet import advert, state_dir, this_label
+from e2bfacade.fleet.fence import state_dir
+from nodes.fleet import advert, this_label
 
 
 def database_check() -> None:

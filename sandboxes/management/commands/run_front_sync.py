@@ -1,5 +1,5 @@
 """``python manage.py run_front_sync --socket S --map M``: keep the front's map of which host
-holds each sandbox (nodes/front.py) in the HAProxy whose admin socket is ``S`` and whose
+holds each sandbox (sandboxes/routes.py) in the HAProxy whose admin socket is ``S`` and whose
 configuration routes by the map file ``M``. One per front; it needs only the database."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from e2bfacade.fleet.haproxy import Front
-from nodes.front import Syncer
+from sandboxes.routes import Syncer
 
 
 class Command(BaseCommand):

@@ -8,15 +8,14 @@ the map from its create until it is killed; a row without a host predates hosts,
 left to the front's default (any host, which is then the only one).
 
 Changes reach the syncer by ``LISTEN``: a trigger on the sandbox table (migration
-``nodes/migrations``) announces every insert, host change, kill and delete after its
-commit. A full resynchronisation runs at start, after the listening connection was lost,
-and every ``FRONT_RESYNC_SECONDS`` whatever happens: a missed notification costs at most
-that long.
+``sandboxes/migrations/0011_sandbox_route_notify.py``) announces every insert, host change,
+kill and delete after its commit. A full resynchronisation runs at start, after the
+listening connection was lost, and every ``--resync`` seconds whatever happens: a missed
+notification costs at most that long.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -26,15 +25,11 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from e2bfacade.fleet.haproxy import Front, FrontError
+from nodes.selectors import host_label
 from sandboxes.models import Sandbox
 
 log = logging.getLogger("e2bfacade.fleet")
 CHANNEL = "e2bfacade_sandbox_routes"
-
-
-def host_label(host: str) -> str:
-    # As nodes.selectors.host_label (the seam's), which this module will import.
-    return hashlib.sha256(host.encode()).hexdigest()[:12]
 
 
 def routes(sandbox_ids: Iterable[str] | None = None) -> dict[str, str]:

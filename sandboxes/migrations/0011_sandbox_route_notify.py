@@ -1,4 +1,4 @@
-"""The trigger that announces a sandbox's route (nodes/front.py): on PostgreSQL, every insert,
+"""The trigger that announces a sandbox's route (sandboxes/routes.py): on PostgreSQL, every insert,
 change of host or state, and delete of a sandbox row sends ``NOTIFY e2bfacade_sandbox_routes``
 with its id, delivered at commit. SQLite has no NOTIFY: the syncer polls there."""
 
