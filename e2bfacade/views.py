@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from e2bfacade import observability
 from e2bfacade.errors import error_body
-from e2bfacade.fleet import fence
+from e2bfacade.fleet import host as fleet_host
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +62,31 @@ READINESS_CHECKS: dict[str, Callable[[], None]] = {
     "database": check_database,
     "runtime": check_runtime,
     # In a fleet: this host's fence holds (a fenced host takes no traffic from the front).
-    "fleet": fence.check_serving,
+    "fleet": fleet_host.check_serving,
+}
+
+
+READINESS_RESPONSES = {
+    200: inline_serializer(
+        "Readiness",
+        {"status": serializers.CharField(), "checks": serializers.DictField()},
+    ),
+    503: inline_serializer(
+        "NotReady",
+        {
+            "code": serializers.IntegerField(),
+            "message": serializers.CharField(),
+            "checks": serializers.DictField(),
+        },
+    ),
 }
 
 
 class ReadinessView(APIView):
     """``GET /health/ready``: 200 when this process can serve sandbox requests (the database
     answers ``SELECT 1``, the sandbox runtime is usable and, in a fleet, the host's fence
-    holds), else 503 naming the failing checks. For a load balancer's readiness probe; no API key.
+    holds), else 503 naming the failing checks. For a load balancer's readiness probe; no
+    API key.
 
     The body names each check's outcome but never the exception text (this route is public);
     the details go to the server log under the request's id."""
@@ -77,24 +94,9 @@ class ReadinessView(APIView):
     authentication_classes = []
     permission_classes = [AllowAny]
     throttle_classes = []
+    placement = False  # PlacementView
 
-    @extend_schema(
-        operation_id="healthReady",
-        responses={
-            200: inline_serializer(
-                "Readiness",
-                {"status": serializers.CharField(), "checks": serializers.DictField()},
-            ),
-            503: inline_serializer(
-                "NotReady",
-                {
-                    "code": serializers.IntegerField(),
-                    "message": serializers.CharField(),
-                    "checks": serializers.DictField(),
-                },
-            ),
-        },
-    )
+    @extend_schema(operation_id="healthReady", responses=READINESS_RESPONSES)
     def get(self, request: Request) -> Response:
         checks: dict[str, str] = {}
         for name, check in READINESS_CHECKS.items():
@@ -111,11 +113,26 @@ class ReadinessView(APIView):
                     getattr(request._request, "request_id", "-"),
                     exc_info=True,
                 )
+        if self.placement:
+            state = fleet_host.state()
+            checks["placement"] = "ok" if state == "ready" else f"failed: {state}"
         failed = [name for name, outcome in checks.items() if outcome != "ok"]
         if failed:
             body = error_body(503, f"not ready: {', '.join(failed)} check failed")
             return Response({**body, "checks": checks}, status=503)
         return Response({"status": "ok", "checks": checks})
+
+
+class PlacementView(ReadinessView):
+    """``GET /health/placement``: ready, and in a fleet also taking new sandboxes (not
+    ``draining`` or ``standby``): the front's health check for where creates go, while
+    ``/health/ready`` keeps routing a draining host's own sandboxes to it."""
+
+    placement = True
+
+    @extend_schema(operation_id="healthPlacement", responses=READINESS_RESPONSES)
+    def get(self, request: Request) -> Response:
+        return super().get(request)
 
 
 @require_GET

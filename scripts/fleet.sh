@@ -254,21 +254,22 @@ frontend sandbox
     default_backend any-sandbox
 backend any-api
     balance roundrobin
-    option httpchk GET /health/ready
+    option httpchk GET /health/placement
 CFG
         for h in "${HOSTS[@]:0:$count}"; do
             echo "    server $h $(host_addr "$h"):3000 check inter 1s fall 2 rise 2"
         done
         echo "backend any-sandbox"
         echo "    balance roundrobin"
+        echo "    option httpchk GET /health/ready"
         for h in "${HOSTS[@]:0:$count}"; do
             echo "    server $h $(host_addr "$h"):3001 check port 3000 inter 1s fall 2 rise 2"
         done
         # A host's own backends are named by its label (what the map says).
         for h in "${HOSTS[@]:0:$count}"; do
-            printf 'backend %s-api\n    server %s %s:3000 check inter 1s fall 2 rise 2\n' \
+            printf 'backend %s-api\n    option httpchk GET /health/ready\n    server %s %s:3000 check inter 1s fall 2 rise 2\n' \
                 "$(host_label "$h")" "$h" "$(host_addr "$h")"
-            printf 'backend %s-sandbox\n    server %s %s:3001 check port 3000 inter 1s fall 2 rise 2\n' \
+            printf 'backend %s-sandbox\n    option httpchk GET /health/ready\n    server %s %s:3001 check port 3000 inter 1s fall 2 rise 2\n' \
                 "$(host_label "$h")" "$h" "$(host_addr "$h")"
         done
     } >"$FLEET_DIR/haproxy.cfg"

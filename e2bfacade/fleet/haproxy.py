@@ -41,7 +41,8 @@ class Front:
         self.timeout = timeout
 
     def command(self, text: str) -> str:
-        """Send one command (or one command with its payload) and return the answer."""
+        """Send one command (or one command with its payload) and return the answer as it
+        is (``show stat``, ``show servers state``, …)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(self.timeout)
             try:
@@ -53,7 +54,12 @@ class Front:
                     chunks.append(chunk)
             except OSError as exc:
                 raise FrontError(f"HAProxy's socket {self.socket_path}: {exc}") from None
-        answer = b"".join(chunks).decode(errors="replace")
+        return b"".join(chunks).decode(errors="replace")
+
+    def _map(self, text: str) -> str:
+        """A map command: its answer is empty, a new version, or entries; anything else is
+        HAProxy refusing it."""
+        answer = self.command(text)
         first = answer.strip().splitlines()[0] if answer.strip() else ""
         if first and not first.startswith(("0x", "New version created")):
             raise FrontError(f"HAProxy refused {text.split(' ', 3)[:3]}: {first}")
@@ -62,7 +68,7 @@ class Front:
     def entries(self) -> dict[str, str]:
         """The map as HAProxy routes by it now."""
         out = {}
-        for line in self.command(f"show map {self.map_path}\n").splitlines():
+        for line in self._map(f"show map {self.map_path}\n").splitlines():
             parts = line.split()
             if len(parts) == 3 and parts[0].startswith("0x"):
                 out[parts[1]] = parts[2]
@@ -73,15 +79,15 @@ class Front:
         write its file (what a reload reads)."""
         for key, value in entries.items():
             _check(key, value)
-        answer = self.command(f"prepare map {self.map_path}\n")
+        answer = self._map(f"prepare map {self.map_path}\n")
         version = answer.strip().rsplit(" ", 1)[-1]
         if not version.isdigit():
             raise FrontError(f"HAProxy did not give a map version: {answer.strip()!r}")
         items = sorted(entries.items())
         for start in range(0, len(items), CHUNK):
             payload = "".join(f"{k} {v}\n" for k, v in items[start : start + CHUNK])
-            self.command(f"add map @{version} {self.map_path} <<\n{payload}\n")
-        self.command(f"commit map @{version} {self.map_path}\n")
+            self._map(f"add map @{version} {self.map_path} <<\n{payload}\n")
+        self._map(f"commit map @{version} {self.map_path}\n")
         self.write_file(entries)
 
     def update(self, changed: Mapping[str, str], removed: Iterable[str]) -> None:
@@ -90,15 +96,15 @@ class Front:
         for key, value in changed.items():
             _check(key, value)
             try:
-                self.command(f"set map {self.map_path} {key} {value}\n")
+                self._map(f"set map {self.map_path} {key} {value}\n")
             except FrontError:
                 # Not there yet ("entry not found"): added. Two keys never race here, as
                 # one syncer owns the map.
-                self.command(f"add map {self.map_path} {key} {value}\n")
+                self._map(f"add map {self.map_path} {key} {value}\n")
         for key in removed:
             _check(key)
             try:
-                self.command(f"del map {self.map_path} {key}\n")
+                self._map(f"del map {self.map_path} {key}\n")
             except FrontError:
                 pass  # already gone
 

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,10 +71,12 @@ class Advert:
 
 @dataclass(frozen=True)
 class Fence:
-    """Whether this host may serve sandbox work, as its member last wrote it."""
+    """Whether this host may serve sandbox work, as its member last wrote it, and the state
+    the operator gave it (``ready``, or ``draining``/``standby``: no new sandboxes)."""
 
     incarnation: int
     until: float  # time.monotonic()
+    state: str = "ready"
 
     def holds(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) < self.until
@@ -103,7 +105,11 @@ def read_fence(state_dir: Path) -> Fence | None:
     """The fence this host's member last wrote, or None (never, or withdrawn)."""
     try:
         data = json.loads((state_dir / FENCE_FILE).read_text())
-        return Fence(incarnation=int(data["incarnation"]), until=float(data["until"]))
+        return Fence(
+            incarnation=int(data["incarnation"]),
+            until=float(data["until"]),
+            state=str(data.get("state", "ready")),
+        )
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
 
@@ -134,6 +140,8 @@ class Member:
             raise MembershipError("no etcd endpoint")
         self.etcd = list(etcd)
         self.key = f"{prefix}hosts/{label}"
+        self.status_key = status_key(prefix, label)
+        self.state = "ready"
         self.advert = advert
         self.ttl = ttl
         self.state_dir = state_dir
@@ -166,7 +174,8 @@ class Member:
         """Put this host's key under ``lease`` if the key is absent or already ours:
         never over a live key of another lease (another process with this host's label)."""
         key = _encode(self.key)
-        put = {"request_put": {"key": key, "value": _encode(self.advert().to_json()),
+        advert = replace(self.advert(), state=self.state)
+        put = {"request_put": {"key": key, "value": _encode(advert.to_json()),
                                "lease": lease.id}}  # fmt: skip
         for compare in (
             {"key": key, "target": "VERSION", "result": "EQUAL", "version": 0},
@@ -207,6 +216,7 @@ class Member:
         sent = self.clock()
         try:
             self.database_check()
+            self.state = self._call(lambda client: desired_status(client, self.status_key))
             if self.lease is None:
                 self.register()
             else:
@@ -227,11 +237,8 @@ class Member:
         except Exception as exc:  # the database check: whatever its driver raises
             log.warning("fleet: the database does not answer: %s", exc)
             return None
-        fence = Fence(incarnation=self.incarnation, until=sent + self.ttl / 2)
-        _write_atomic(
-            self.state_dir / FENCE_FILE,
-            json.dumps({"incarnation": fence.incarnation, "until": fence.until}),
-        )
+        fence = Fence(incarnation=self.incarnation, until=sent + self.ttl / 2, state=self.state)
+        _write_atomic(self.state_dir / FENCE_FILE, json.dumps(asdict(fence)))
         return fence
 
     def withdraw(self) -> None:
@@ -254,6 +261,36 @@ class Member:
         while not stop.is_set():
             wait = period if self.beat() is not None else 1.0
             stop.wait(wait)
+
+
+STATUSES = ("ready", "draining", "standby")  # what the operator sets; the rest are observed
+
+
+def status_key(prefix: str, label: str) -> str:
+    """The operator's status for a host: a key of its own, without a lease, so that it
+    outlives the host's restarts (a drained host comes back draining)."""
+    return f"{prefix}status/{label}"
+
+
+def desired_status(client: Etcd3Client, key: str) -> str:
+    values = client.get(key)
+    status = values[0].decode() if values else "ready"
+    return status if status in STATUSES else "ready"
+
+
+def set_status(etcd: Sequence[Etcd3Client], prefix: str, label: str, status: str) -> None:
+    """Give host ``label`` the operator's ``status``; its member applies it on its next beat
+    (within a third of its lease)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}")
+    last: Exception | None = None
+    for client in etcd:
+        try:
+            client.put(status_key(prefix, label), status)
+            return
+        except Etcd3Exception as exc:
+            last = exc
+    raise MembershipError(f"etcd did not answer: {last}")
 
 
 def members(etcd: Sequence[Etcd3Client], prefix: str) -> list[tuple[str, Advert, int]]:

@@ -22,6 +22,8 @@ import psycopg
 import pytest
 from e2b import Sandbox
 
+from e2bfacade.fleet.haproxy import Front
+from nodes.selectors import host_label
 from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +147,65 @@ def test_one_idempotency_key_sent_to_every_host_at_once_makes_one_sandbox(
         ).fetchone() or (0,)
     assert count == 1
     Sandbox.connect(sandbox_id).kill()
+
+
+def test_a_draining_host_gets_no_creates_and_keeps_serving_its_own_sandboxes(
+    sdk: dict[str, str],
+) -> None:
+    admin = {"X-Admin-Token": sdk["E2BFACADE_ADMIN_TOKEN"]}
+    api = sdk["E2B_API_URL"]
+    before = [Sandbox.create(timeout=200) for _ in range(3)]
+    on = holders(sdk)
+    (kept,) = [s for s in before if on[s.sandbox_id] == "b"]
+    b_label = host_label(host_ids(sdk)["b"])
+    nodes = httpx.get(f"{api}/nodes", headers=admin, timeout=10).json()
+    assert {n["status"] for n in nodes} == {"ready"} and len(nodes) == 3, nodes
+    drained = httpx.post(f"{api}/nodes/{b_label}", headers=admin, json={"status": "draining"})
+    assert drained.status_code == 204, drained.text
+    # Within a third of a lease its member applies it, and within two health checks the
+    # front stops sending it creates.
+    eventually(
+        lambda: httpx.get(f"{api}/nodes/{b_label}", headers=admin, timeout=10).json()["status"],
+        within=10,
+        what="host b to be draining",
+        until=lambda status: status == "draining",
+    )
+    # The front's checks of /health/placement take b out of where creates go.
+    eventually(
+        lambda: front_status(sdk, "any-api", "b"),
+        within=10,
+        what="the front to send host b no creates",
+        until=lambda status: status.startswith("DOWN"),
+    )
+    after: list[Sandbox] = []
+    try:
+        for _ in range(6):
+            after.append(Sandbox.create(timeout=60))
+        placed = holders(sdk)
+        assert all(placed[s.sandbox_id] != "b" for s in after), placed
+        assert kept.commands.run("echo still").stdout.strip() == "still"
+    finally:
+        httpx.post(f"{api}/nodes/{b_label}", headers=admin, json={"status": "ready"})
+        for sandbox in before + after:
+            sandbox.kill()
+
+
+def front_status(bed: dict[str, str], backend: str, server: str) -> str:
+    """What HAProxy's health checks say of ``server`` in ``backend`` (UP, DOWN, …)."""
+    front = Front(Path(bed["dir"], "haproxy.sock"), Path(bed["dir"], "sandboxes.map"))
+    for line in front.command("show stat\n").splitlines():
+        fields = line.split(",")
+        if fields[:2] == [backend, server]:
+            return fields[17]
+    return "absent"
+
+
+def host_ids(bed: dict[str, str]) -> dict[str, str]:
+    """host (a, b, c) -> its runtime's host id."""
+    return {
+        name: Path(bed["dir"], "hosts", name, "root", "host-id").read_text().strip()
+        for name in "abc"
+    }
 
 
 def test_a_killed_host_answers_host_unreachable_within_ten_seconds_and_the_others_serve_on(

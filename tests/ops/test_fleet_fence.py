@@ -1,4 +1,4 @@
-"""A host of a fleet whose fence has run out (e2bfacade/fleet/fence.py) does no sandbox work
+"""A host of a fleet whose fence has run out (e2bfacade/fleet/host.py) does no sandbox work
 and tells the front so: the nodes seam gives it no runtime (503 ``host_fenced``, worth a
 retry through the front) and its readiness fails. A fleet of one has no fence."""
 
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from e2bfacade.fleet import fence
+from e2bfacade.fleet import host as fleet_host
 
 
 @pytest.fixture
 def in_a_fleet(settings: Any, runtime: Any) -> Path:
     settings.ETCD_ENDPOINTS = ["http://127.0.0.1:9"]
-    state = fence.state_dir()
+    state = fleet_host.state_dir()
     state.mkdir(parents=True, exist_ok=True)
     (state / "serving").unlink(missing_ok=True)
     return state

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from e2bfacade.fleet import membership
-from e2bfacade.fleet.fence import state_dir
+from e2bfacade.fleet.host import state_dir
 from nodes.fleet import advert, this_label
 
 
