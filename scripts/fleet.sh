@@ -230,6 +230,7 @@ global
 defaults
     mode http
     timeout connect 3s
+    timeout check 1s
     timeout client 1h
     timeout server 1h
     timeout tunnel 1h
