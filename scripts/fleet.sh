@@ -61,9 +61,12 @@ host_dir() { echo "$FLEET_DIR/hosts/$1"; }
 host_label() { tr -d '\n' <"$(host_dir "$1")/root/host-id" | sha256sum | cut -c1-12; }
 # Each host's sandboxes get their own /18, disjoint from the machine's default.
 host_cidr() { echo "10.$((232 + index)).$((64 * ($(host_num "$1") - 1))).0/18"; }
+# A host's etcd endpoints, its own member first.
 etcd_endpoints() {
-    local h out=""
-    for h in "${HOSTS[@]:0:$count}"; do out+="${out:+,}http://$(host_addr "$h"):2379"; done
+    local h out="http://$(host_addr "$1"):2379"
+    for h in "${HOSTS[@]:0:$count}"; do
+        [[ "$h" == "$1" ]] || out+=",http://$(host_addr "$h"):2379"
+    done
     echo "$out"
 }
 # Run a command as part of a host: its network and mount namespaces.
@@ -168,7 +171,7 @@ SANDBOX_UPLINK=uplink0
 SANDBOX_UPLINK_GATEWAY=$net.$(host_num "$h").1
 SANDBOX_NETWORK_CIDR=$(host_cidr "$h")
 SANDBOX_INTERNET_DEFAULT=false
-ETCD_ENDPOINTS=$(etcd_endpoints)
+ETCD_ENDPOINTS=$(etcd_endpoints "$h")
 FLEET_HOST_NAME=$h
 FLEET_API_URL=http://$(host_addr "$h"):3000
 FLEET_SANDBOX_URL=http://$(host_addr "$h"):3001

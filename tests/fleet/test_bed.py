@@ -214,6 +214,76 @@ def host_ids(bed: dict[str, str]) -> dict[str, str]:
     }
 
 
+def fence_of(bed: dict[str, str], host: str) -> dict[str, float]:
+    path = Path(bed["dir"], "hosts", host, "root", "fleet", "serving")
+    return dict(json.loads(path.read_text()))
+
+
+def test_a_restarted_host_keeps_its_sandboxes_running_and_its_incarnation(
+    sdk: dict[str, str],
+) -> None:
+    sandboxes = [Sandbox.create(timeout=200) for _ in range(3)]
+    on = holders(sdk)
+    host = on[sandboxes[0].sandbox_id]
+    mine = [s for s in sandboxes if on[s.sandbox_id] == host]
+    for sandbox in mine:
+        sandbox.commands.run("sleep 600", background=True)
+    incarnation = fence_of(sdk, host)["incarnation"]
+    fleet(sdk, "restart", host)
+    for sandbox in mine:
+        # The same processes, not a new boot: the sleep started before the restart.
+        assert sandbox.commands.run("pgrep -c -x sleep").stdout.strip() == "1"
+    assert fence_of(sdk, host)["incarnation"] == incarnation
+    for sandbox in sandboxes:
+        sandbox.kill()
+
+
+def test_a_partitioned_host_is_answered_unreachable_fences_itself_and_serves_again_healed(
+    sdk: dict[str, str],
+) -> None:
+    sandboxes = [Sandbox.create(timeout=200) for _ in range(3)]
+    on = holders(sdk)
+    host = on[sandboxes[0].sandbox_id]
+    cut = sandboxes[0]
+    others = [s for s in sandboxes if on[s.sandbox_id] != host]
+    fleet(sdk, "partition", host)
+    try:
+        started = time.monotonic()
+        answer = eventually(
+            lambda: httpx.get(
+                f"{sdk['E2B_API_URL']}/sandboxes/{cut.sandbox_id}",
+                headers={"X-API-Key": sdk["E2B_API_KEY"]},
+                timeout=5,
+            ),
+            within=10,
+            what="a 503 host_unreachable for the cut host's sandbox",
+            until=lambda r: r.status_code == 503,
+            ignoring=(httpx.TransportError,),
+        )
+        assert time.monotonic() - started <= 10
+        assert answer.json()["error_code"] == "host_unreachable"
+        # Cut from etcd and the database, the host stops serving by itself: its fence runs
+        # out within half a lease of its last renewal.
+        eventually(
+            lambda: fence_of(sdk, host)["until"] < time.monotonic(),
+            within=10,
+            what="the cut host's fence to fall",
+        )
+        for sandbox in others:
+            assert sandbox.commands.run("echo alive").stdout.strip() == "alive"
+    finally:
+        fleet(sdk, "heal", host)
+    eventually(
+        lambda: cut.commands.run("echo back").stdout.strip(),
+        within=30,
+        what="the healed host to serve its sandbox again",
+        until=lambda out: out == "back",
+        ignoring=(Exception,),
+    )
+    for sandbox in sandboxes:
+        sandbox.kill()
+
+
 def test_a_killed_host_answers_host_unreachable_within_ten_seconds_and_the_others_serve_on(
     sdk: dict[str, str],
 ) -> None:

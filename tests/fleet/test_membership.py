@@ -5,6 +5,7 @@ must fall before etcd can delete the host's key, whatever stops the renewals."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -142,3 +143,28 @@ def test_a_host_whose_lease_lapsed_comes_back_as_a_new_incarnation(
     eventually(lambda: not key_exists(etcd), within=TTL + 5, what="the lease to lapse")
     new = m.beat()
     assert new is not None and new.incarnation > old.incarnation
+
+
+def test_a_member_that_stops_answering_costs_one_timeout_not_one_per_call(
+    etcd: str, tmp_path: Path
+) -> None:
+    # A member that takes connections and never answers (a host cut off mid-way): listed
+    # first, as another host's own member is on that host.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        dead = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        m = membership.Member(
+            membership.clients([dead, etcd], 0.5),
+            prefix="/t/",
+            label="aaaa",
+            advert=advert,
+            ttl=TTL,
+            state_dir=tmp_path / "a",
+            database_check=lambda: None,
+        )
+        assert m.beat() is not None  # the silent one's timeout, once
+        started = time.monotonic()
+        assert m.beat() is not None
+        # A beat makes several calls; each went to the member that answered.
+        assert time.monotonic() - started < 0.5
