@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.live_server import Deployment, Server
 
+pytestmark = pytest.mark.both_databases
+
 BODY = {"templateID": "base", "timeout": 300}
 
 
