@@ -47,6 +47,7 @@ def allocated(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
+@pytest.mark.sandboxer
 @pytest.mark.parametrize("user", ["root", "user"])
 def test_filling_the_disk_is_enospc_in_the_guest_and_costs_the_host_at_most_its_size(
     runtime: LocalRuntime, sandbox_id: str, user: str
@@ -73,6 +74,7 @@ def test_filling_the_disk_is_enospc_in_the_guest_and_costs_the_host_at_most_its_
     ok(runtime, sandbox_id, f"rm {target} && head -c 8M /dev/zero > /tmp/more", user=user)
 
 
+@pytest.mark.sandboxer
 def test_inodes_are_bounded_too(runtime: LocalRuntime, sandbox_id: str) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=16))
     script = (
@@ -106,6 +108,7 @@ def test_two_sandboxes_disks_are_independent(
     assert metrics.disk_used >= 16 * MiB
 
 
+@pytest.mark.sandboxer
 @pytest.mark.timeout(30)  # gvisor's /dev: a hang, which this bounds (a fill takes ~1 s)
 @pytest.mark.parametrize("mount", ["/dev/shm", "/run", "/dev"])
 def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
@@ -123,6 +126,7 @@ def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
     assert runtime.metrics(sandbox_id).mem_used - before >= 32 * MiB
 
 
+@pytest.mark.sandboxer
 def test_killing_a_sandbox_removes_its_disk_and_loop_device(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -139,6 +143,7 @@ def test_killing_a_sandbox_removes_its_disk_and_loop_device(
     assert buried(runtime, sandbox_id)
 
 
+@pytest.mark.sandboxer
 def test_a_crashed_sandbox_s_disk_is_kept_until_it_is_killed(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
