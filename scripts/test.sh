@@ -135,15 +135,15 @@ else
     # run side by side, each pytest in its own process with its own database and sandbox
     # roots (every test makes its own; nothing is shared but the host). The lines are
     # balanced by their measured times (docs/performance.md, "The suite"); SQLite's is the
-    # shortest, so the third line runs PostgreSQL's faults after it. Every
-    # line's output is printed whole once it ends.
+    # shortest, so the third line runs PostgreSQL's faults and the short soak after it.
+    # Every line's output is printed whole once it ends.
     pg=postgres://postgres@127.0.0.1:5432
-    pg_1=(tests/codeinterpreter tests/network tests/security tests/soak tests/browser)
+    pg_1=(tests/codeinterpreter tests/network tests/security tests/browser)
     pg_2=(
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults)
+    pg_3=(tests/faults tests/soak)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_only[@]}" tests || status=$?
