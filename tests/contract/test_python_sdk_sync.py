@@ -46,6 +46,7 @@ def list_all(query: SandboxQuery, **kwargs: object) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- create
+@pytest.mark.sqlite_smoke
 def test_create_without_arguments_starts_a_running_base_sandbox_for_300_seconds(
     sdk_env: LiveServer, kill_later: Callable[[str], str]
 ) -> None:
@@ -103,6 +104,7 @@ def test_an_invalid_api_key_raises_authentication_exception(sdk_env: LiveServer)
         Sandbox.get_info("iabc", api_key=bad)
 
 
+@pytest.mark.sqlite_smoke
 def test_a_create_retried_with_the_same_idempotency_key_returns_the_same_sandbox(
     make_sandbox: MakeSandbox, sdk_env: LiveServer, tag: str
 ) -> None:
@@ -169,6 +171,7 @@ def test_connect_to_a_running_sandbox_returns_it_and_never_shortens_its_end_time
     assert extended.state == SandboxState.RUNNING
 
 
+@pytest.mark.sqlite_smoke
 def test_connect_to_a_paused_sandbox_resumes_it(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(timeout=120)
     assert sandbox.pause() is True
@@ -322,6 +325,7 @@ def test_pause_of_an_unknown_sandbox_raises_sandbox_not_found(sdk_env: LiveServe
         Sandbox.pause("inosuchsandbox000000")
 
 
+@pytest.mark.sqlite_smoke
 def test_kill_answers_true_then_false_and_the_sandbox_is_gone(sandbox: Sandbox, tag: str) -> None:
     assert sandbox.kill() is True
     assert Sandbox.kill(sandbox.sandbox_id) is False
@@ -396,6 +400,7 @@ def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.sqlite_smoke
 def test_a_sandbox_is_killed_when_its_timeout_passes(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(timeout=1)
 

@@ -28,7 +28,7 @@ from sandboxes.models import Sandbox
 from tests.idempotency.conftest import Crash, PostFn
 from tests.support.factories import SandboxFactory, TemplateFactory
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 
 BODY = {"templateID": "base", "timeout": 120}
 POINTS = ["after_claim", "after_runtime_create", "before_complete"]

@@ -14,6 +14,8 @@ from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import run
 from tests.security.drivers import is_gvisor
 
+pytestmark = pytest.mark.sandboxer
+
 # Runs inside the sandbox: each probe prints what it got, "ok" when the call succeeded.
 PROBES = r"""
 import ctypes, errno, json, os, socket, subprocess, threading

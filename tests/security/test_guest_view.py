@@ -16,6 +16,8 @@ from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
 
+pytestmark = pytest.mark.sandboxer
+
 
 def _umask(pid: int) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

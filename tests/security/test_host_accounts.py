@@ -32,6 +32,8 @@ from tests.network.conftest import internet, network_config  # noqa: F401 - fixt
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 from tests.support.internet import TestInternet
 
+pytestmark = pytest.mark.sandboxer
+
 PORT = 8000
 # Run on the host as another account: connects to argv[1]:argv[2] within 3 s, prints what
 # it got ("connected" is the attack succeeding) and how long it took.

@@ -54,6 +54,7 @@ def make_deep_tree(runtime: LocalRuntime, sandbox_id: str, user: str = "user") -
     assert result.exit_code == 0, result
 
 
+@pytest.mark.sandboxer
 def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_completely(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -98,6 +99,7 @@ def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_complet
     assert not [p for p in (runtime.root / "images").iterdir() if snap in p.name]
 
 
+@pytest.mark.sandboxer
 def test_a_sparse_file_stays_sparse_in_a_snapshot(runtime: LocalRuntime, sandbox_id: str) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     ok(runtime, sandbox_id, "truncate -s 1G /home/user/sparse && echo end >> /home/user/sparse")
@@ -112,6 +114,7 @@ def test_a_sparse_file_stays_sparse_in_a_snapshot(runtime: LocalRuntime, sandbox
         runtime.delete_image(snap)
 
 
+@pytest.mark.sandboxer
 @pytest.mark.parametrize("make", [make_runtime, make_gvisor_runtime], ids=["local", "gvisor"])
 def test_a_snapshot_over_the_limit_is_refused_and_leaves_nothing(
     make: Callable[..., LocalRuntime],
@@ -131,6 +134,9 @@ def test_a_snapshot_over_the_limit_is_refused_and_leaves_nothing(
         destroy_runtime(small)
 
 
+# Local driver only: the cap is the host's (run_process collects at most max_output); on
+# gvisor only the transport differs, which the runtime contract's bounded-output test runs
+# (tests/runtime/test_contract.py), without pushing a gibibyte through gVisor (39 s).
 def test_endless_output_is_capped_and_the_host_does_not_grow(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -146,6 +152,7 @@ def test_endless_output_is_capped_and_the_host_does_not_grow(
     assert grown_kib < 64 * 1024, f"the host process grew by {grown_kib} KiB"
 
 
+@pytest.mark.sandboxer
 def test_a_lifetime_kills_the_whole_tree_and_a_grandchild_never_holds_the_host(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -192,6 +199,7 @@ def _pids_charged(runtime: LocalRuntime, sandbox_id: str) -> int:
     return int(cgroup_file(runtime, sandbox_id, "pids", "pids.current").read_text())
 
 
+@pytest.mark.sandboxer
 @xfail_on_gvisor(
     "gvisor: a guest fork bomb takes its own sandbox down: at pids_max (which counts the "
     "sentry's host threads and the ptrace platform's stub processes) gVisor's kernel dies "
@@ -220,6 +228,7 @@ def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_n
     assert ok(runtime, sandbox_id, "echo recovered") == "recovered\n"
 
 
+@pytest.mark.sandboxer
 def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -233,6 +242,7 @@ def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
     assert ok(runtime, sandbox_id, "ps -e -o args=").count("sleep 30") == 2
 
 
+@pytest.mark.sandboxer
 def test_orphans_that_end_while_their_command_runs_are_reaped_at_once(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:

@@ -36,6 +36,7 @@ def id_base(runtime: LocalRuntime, sandbox_id: str) -> int:
     return state.id_base
 
 
+@pytest.mark.sandboxer
 def test_guest_root_and_user_are_unprivileged_host_ids(
     runtime: LocalRuntime, sandbox_id: str, request: pytest.FixtureRequest
 ) -> None:
@@ -77,6 +78,7 @@ def test_two_live_sandboxes_never_share_an_id_and_a_kill_frees_the_range(
     assert not (runtime.root / "ids" / f"s-{a}").exists()
 
 
+@pytest.mark.sandboxer
 def test_usr_stays_read_only_whatever_guest_root_tries(
     runtime: LocalRuntime, sandbox_id: str
 ) -> None:
@@ -123,6 +125,7 @@ def test_sudo_lifts_user_to_guest_root_and_no_further(
     assert result.exit_code != 0
 
 
+@pytest.mark.sandboxer
 def test_per_uid_kernel_limits_are_per_sandbox(
     runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
@@ -166,6 +169,7 @@ def _host_uids_in(tree: os.PathLike[str] | str) -> set[int]:
     return {os.lstat(os.path.join(d, n)).st_uid for d, _, ns in os.walk(tree) for n in ns}
 
 
+@pytest.mark.sandboxer
 @pytest.mark.parametrize("kind", ["wraps to host root", "past the range", "gid past the range"])
 def test_a_passwd_account_outside_the_id_range_is_refused_not_taken_by_a_host_thread(
     runtime: LocalRuntime, sandbox_id: str, kind: str

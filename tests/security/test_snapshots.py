@@ -8,6 +8,8 @@ import os
 import uuid
 from collections.abc import Callable
 
+import pytest
+
 from e2bfacade.runtime.base import SandboxSpec
 from e2bfacade.runtime.local import LocalRuntime
 from tests.runtime.helpers import ok, sh
@@ -102,6 +104,7 @@ def test_a_snapshot_keeps_setuid_setgid_capabilities_acls_and_xattrs(
     )
 
 
+@pytest.mark.sandboxer
 def test_a_gvisor_snapshot_keeps_modes_and_gives_nothing(
     runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
