@@ -135,7 +135,8 @@ else
     # run side by side, each pytest in its own process with its own database and sandbox
     # roots (every test makes its own; nothing is shared but the host). The lines are
     # balanced by their measured times (docs/performance.md, "The suite"); SQLite's is the
-    # shortest, so the third line runs PostgreSQL's faults and the short soak after it.
+    # shortest, so the third line runs PostgreSQL's faults, the short soak and the fleet
+    # (tests/fleet: its test bed of three hosts) after it.
     # Every line's output is printed whole once it ends.
     pg=postgres://postgres@127.0.0.1:5432
     pg_1=(tests/codeinterpreter tests/network tests/security tests/browser)
@@ -143,7 +144,7 @@ else
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults tests/soak)
+    pg_3=(tests/faults tests/soak tests/fleet)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_only[@]}" tests || status=$?
