@@ -10,7 +10,7 @@ leave a volume as it is: a snapshot or a fork does not include it.
 The content API (``VolumeFiles``) works on the same files from the host, resolving every
 path inside the volume (symlinks, ``..`` and mount points never lead out of it; only
 regular files are read or written), streaming with bounded memory. Its errors are
-:class:`~e2bfacade.runtime.base.GuestFileError` with the errno, as the guest's file
+:class:`~e2bfacade.runtime.errors.GuestFileError` with the errno, as the guest's file
 operations raise.
 """
 
@@ -20,26 +20,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from e2bfacade.runtime.base import FileType, SandboxRuntimeError
+from e2bfacade.runtime.errors import VolumeInUse as VolumeInUse
+from e2bfacade.runtime.errors import VolumeNotFound as VolumeNotFound
+from e2bfacade.runtime.guest import FileType
+from e2bfacade.runtime.specs import VolumeMount as VolumeMount
 
 # At most this many volumes in one sandbox (each is one mount passed to the launcher).
 MAX_MOUNTS_PER_SANDBOX = 8
-
-
-class VolumeNotFound(SandboxRuntimeError):
-    pass
-
-
-class VolumeInUse(SandboxRuntimeError):
-    """A volume a live (running or paused) sandbox mounts cannot be deleted."""
-
-
-@dataclass(frozen=True)
-class VolumeMount:
-    """One volume in a sandbox: the runtime's volume id at an absolute, clean guest path."""
-
-    volume_id: str
-    path: str
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ import pytest
 from e2bfacade.runtime.base import BUILTIN_IMAGE, RuntimeUnavailable, SandboxSpec, SandboxState
 from e2bfacade.runtime.gvisor.driver import GvisorRuntime
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.net import roots
-from e2bfacade.runtime.local.state import (
+from e2bfacade.runtime.local.ids import (
     BLOCK_LOCK,
     ID_BLOCK,
     ID_BLOCKS,
     ID_FIRST_BASE,
     recorded_block,
 )
+from e2bfacade.runtime.local.net import roots
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 
 # The two drivers' roots: how the tests make one, and the class that opens one.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import CreateRefused
-from e2bfacade.runtime.local.state import write_json
+from e2bfacade.runtime.local.atomic import write_json
 from e2bfacade.runtime.local.storage import disks
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -32,11 +32,12 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local import build, lxcfs
 from e2bfacade.runtime.local.guest import seed
+from e2bfacade.runtime.local.ids import ID_RANGE
 from e2bfacade.runtime.local.net import tls
 from e2bfacade.runtime.local.pools.spares import CLAIM_PREFIX, Spares
 from e2bfacade.runtime.local.pools.warm import is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
-from e2bfacade.runtime.local.state import ID_RANGE, proc_starttime
+from e2bfacade.runtime.local.state import proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
 from e2bfacade.runtime.local.storage.images import env_of, start_of, workdir_of
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound

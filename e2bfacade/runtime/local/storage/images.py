@@ -30,9 +30,9 @@ from e2bfacade.runtime.base import (
     ImageNotFound,
     StartCommand,
 )
+from e2bfacade.runtime.local.atomic import write_json as state_write_json
 from e2bfacade.runtime.local.build import CLEAN_ENV
 from e2bfacade.runtime.local.state import Layout
-from e2bfacade.runtime.local.state import write_json as state_write_json
 from e2bfacade.runtime.local.storage import homes, layers, trees
 
 BASE_IMAGE = BUILTIN_IMAGE
