@@ -5,6 +5,7 @@ the host is looked at directly (its mounts, loop devices, the volume's files).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -238,7 +239,7 @@ def test_volumes_count_against_the_mounts_one_sandbox_may_be_handed(
         created_at=0.0,
         volume_mounts=tuple(VolumeMount(volume_id, f"/m{i}") for i in range(4)),
     )
-    layer = {**runtime.images.chain("base")[0], "host_binds": []}
+    layer = dataclasses.replace(runtime.images.chain("base")[0], host_binds=())
     deep = [layer] * (launch.MAX_FDS - 1 - 4 + 1)  # with lxcfs and 4 volumes: one too many
     with pytest.raises(CreateRefused, match=f"need {launch.MAX_FDS + 1} mounts"):
         launch.launch(runtime, record, deep)

@@ -54,6 +54,8 @@ from e2bfacade.runtime.local.net.rules import Link
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
+from e2bfacade.runtime.local.storage.image_meta import ImageMeta, host_binds_of
+from e2bfacade.runtime.local.storage.volumes import HostMount
 
 AGENT_WAIT = 10.0  # the agent listens within ~0.1 s of the start; a create fails past this
 CHECKPOINT_TRIES = 5  # a connection the guest had open blocks a checkpoint until it is reset
@@ -116,8 +118,8 @@ class GvisorRuntime(LocalRuntime):
             raise RuntimeUnavailable(f"sandbox {sandbox_id} holds no id range")
         return self.network.link(slot) if self.network is not None else link.isolated_link(id_base)
 
-    def _stage(self, record: SandboxRecord, chain: builtins.list[dict[str, Any]],
-               volume_items: builtins.list[str]) -> Path:  # fmt: skip
+    def _stage(self, record: SandboxRecord, chain: builtins.list[ImageMeta],
+               volumes: builtins.list[HostMount]) -> Path:  # fmt: skip
         """Everything a start or a restore of the sandbox needs before runsc: its network
         rules, link, root tree, bundle and groups. Returns the bundle."""
         sid, d = record.sandbox_id, self.layout.sandbox_dir(record.sandbox_id)
@@ -126,14 +128,9 @@ class GvisorRuntime(LocalRuntime):
         if self.network is not None and record.network is not None and slot is not None:
             self.network.apply(slot, sid, record.network)  # rules first, then the link
         netns = link.make(sandbox_link)
-        binds = [b for meta in chain for b in meta.get("host_binds", ())]
-        volumes = [
-            (Path(src), path)
-            for src, path in (i.removeprefix("volume=").rsplit(":", 1) for i in volume_items)
-        ]
-        layers = [self.layout.image_dir(m["id"]) / "rootfs" for m in chain]
+        layers = [self.images.layer(m.image_id) for m in chain]
         disks.ensure_mounted(d)
-        bundle.mount_root(d, layers, binds, volumes)
+        bundle.mount_root(d, layers, host_binds_of(chain), volumes)
         helper = bundle.helper_dir(d, self.helper)
         self.cgroups.create(
             sid, cpu_count=record.cpu_count, memory_mb=record.memory_mb,
@@ -175,17 +172,15 @@ class GvisorRuntime(LocalRuntime):
                 time.sleep(0.01)
 
     # ---------------------------------------------------------------------- lifecycle
-    def launch(
-        self, record: SandboxRecord, chain: builtins.list[dict[str, Any]]
-    ) -> LocalSandboxInfo:
+    def launch(self, record: SandboxRecord, chain: builtins.list[ImageMeta]) -> LocalSandboxInfo:
         """Start the sandbox: a new kernel, or, for the first start of a sandbox made from a
         memory snapshot, that snapshot's processes restored (then given its own name)."""
         sid = record.sandbox_id
         first = record.booted_at == 0 and record.parked is None
-        memory = self.layout.image_dir(chain[0]["id"]) / CHECKPOINT
+        memory = self.layout.image_dir(chain[0].image_id) / CHECKPOINT
         restore = first and self.restores_processes(chain)
-        with launch.volumes_held(self, record.volume_mounts) as volume_items:
-            bundle_dir = self._stage(record, chain, volume_items)
+        with self.volumes.held(record.volume_mounts) as volumes:
+            bundle_dir = self._stage(record, chain, volumes)
             try:
                 if restore:
                     self._restore(sid, memory, bundle_dir)
@@ -212,8 +207,8 @@ class GvisorRuntime(LocalRuntime):
             cgroup_procs=self.cgroups.procs_files(sandbox_id),
         )  # fmt: skip
 
-    def restores_processes(self, chain: builtins.list[dict[str, Any]]) -> bool:
-        return bool(chain[0].get("memory"))
+    def restores_processes(self, chain: builtins.list[ImageMeta]) -> bool:
+        return chain[0].memory
 
     def end_processes(self, name: str) -> None:
         """The container (sentry, gofer) and whatever is left in its groups, then its link
@@ -273,8 +268,8 @@ class GvisorRuntime(LocalRuntime):
         sid, d = record.sandbox_id, self.layout.sandbox_dir(record.sandbox_id)
         chain = self.images.chain(record.image_id)
         try:
-            with launch.volumes_held(self, record.volume_mounts) as volume_items:
-                bundle_dir = self._stage(record, chain, volume_items)
+            with self.volumes.held(record.volume_mounts) as volumes:
+                bundle_dir = self._stage(record, chain, volumes)
                 self._restore(sid, d / CHECKPOINT, bundle_dir)
             self._started(record)
         except BaseException as exc:
@@ -310,7 +305,7 @@ class GvisorRuntime(LocalRuntime):
             paused = self.pause_memory(record) if running else record
             d = self.layout.sandbox_dir(sandbox_id)
 
-            def make(tmp: Path) -> dict[str, Any]:
+            def make(tmp: Path) -> ImageMeta:
                 (tmp / "rootfs").rmdir()
                 try:
                     trees.copy_layer(
@@ -324,7 +319,7 @@ class GvisorRuntime(LocalRuntime):
                 (tmp / CHECKPOINT).mkdir()
                 for entry in os.scandir(d / CHECKPOINT):  # the same file system: links
                     os.link(entry.path, tmp / CHECKPOINT / entry.name)
-                return {"parent": info.image_id, "host_binds": [], "memory": True}
+                return ImageMeta(image_id, parent=info.image_id, memory=True)
 
             try:
                 return self.images.publish(image_id, make)

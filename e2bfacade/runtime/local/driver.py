@@ -60,7 +60,8 @@ from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
 from e2bfacade.runtime.local.state import InitWatch, Layout
 from e2bfacade.runtime.local.steps import Steps
-from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
+from e2bfacade.runtime.local.storage.image_meta import start_of
+from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
 from e2bfacade.runtime.volumes import VolumeInfo

@@ -4,10 +4,11 @@ images.py publishes it, trees.py copies it)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import ImageInfo, LimitExceeded, PauseMode, SandboxState, check_id
 from e2bfacade.runtime.local.storage import disks, trees
+from e2bfacade.runtime.local.storage.image_meta import ImageMeta
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime
@@ -27,7 +28,7 @@ def capture(rt: LocalRuntime, sandbox_id: str, image_id: str) -> ImageInfo:
             disks.ensure_mounted(d)
         froze = info.state is SandboxState.RUNNING
 
-        def make(tmp: Path) -> dict[str, Any]:
+        def make(tmp: Path) -> ImageMeta:
             if froze:
                 rt.cgroups.freeze(sandbox_id)
             try:
@@ -47,6 +48,6 @@ def capture(rt: LocalRuntime, sandbox_id: str, image_id: str) -> ImageInfo:
             finally:
                 if froze:
                     rt.cgroups.thaw(sandbox_id)
-            return {"parent": info.image_id, "host_binds": []}
+            return ImageMeta(image_id, parent=info.image_id)
 
         return rt.images.publish(image_id, make)

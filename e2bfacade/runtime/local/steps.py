@@ -6,7 +6,7 @@ local driver (images, disks, records, id slots, volumes, network rules, the gues
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from e2bfacade.runtime.base import ConsoleLine, SandboxNotFound, StartCommand
 from e2bfacade.runtime.local.cgroups import Cgroups
@@ -14,6 +14,7 @@ from e2bfacade.runtime.local.launcher import launch
 from e2bfacade.runtime.local.net.network import SandboxNetwork
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
 from e2bfacade.runtime.local.state import Layout
+from e2bfacade.runtime.local.storage.image_meta import ImageMeta
 from e2bfacade.runtime.start import load_output, run_kept
 
 if TYPE_CHECKING:
@@ -31,9 +32,7 @@ class Steps:
     def _rt(self) -> LocalRuntime:
         return cast("LocalRuntime", self)
 
-    def launch(
-        self, record: SandboxRecord, chain: builtins.list[dict[str, Any]]
-    ) -> LocalSandboxInfo:
+    def launch(self, record: SandboxRecord, chain: builtins.list[ImageMeta]) -> LocalSandboxInfo:
         """Start the prepared sandbox of ``record`` and commit its record (launch.launch)."""
         return launch.launch(self._rt, record, chain)
 
@@ -83,7 +82,7 @@ class Steps:
         if self.network is not None and slot is not None:
             self.network.set_up(slot, up)
 
-    def restores_processes(self, chain: builtins.list[dict[str, Any]]) -> bool:
+    def restores_processes(self, chain: builtins.list[ImageMeta]) -> bool:
         """Whether a new sandbox of the image ``chain`` starts with processes already
         running (a memory snapshot's), so its template's start command is not run."""
         return False

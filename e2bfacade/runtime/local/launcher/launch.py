@@ -13,9 +13,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import (
     CRASH_REASON,
@@ -39,8 +38,14 @@ from e2bfacade.runtime.local.pools.warm import is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, Parked, SandboxRecord
 from e2bfacade.runtime.local.state import proc_starttime
 from e2bfacade.runtime.local.storage import disks, trees
-from e2bfacade.runtime.local.storage.images import env_of, start_of, workdir_of
-from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
+from e2bfacade.runtime.local.storage.image_meta import (
+    ImageMeta,
+    env_of,
+    host_binds_of,
+    start_of,
+    workdir_of,
+)
+from e2bfacade.runtime.local.storage.volumes import HostMount
 
 # Mounts the launcher hands the init in one message (launcher/c/launcher.h MAX_FDS): the
 # image's layers, the host binds, lxcfs's and the volumes.
@@ -50,7 +55,7 @@ if TYPE_CHECKING:
     from e2bfacade.runtime.local.driver import LocalRuntime
 
 
-def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) -> LocalSandboxInfo:
+def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[ImageMeta]) -> LocalSandboxInfo:
     """Make a new sandbox's directory and disk, and its record, then launch it."""
     d = rt.layout.sandbox_dir(spec.sandbox_id)
     id_base = rt.layout.id_base_take(spec.sandbox_id)
@@ -68,9 +73,9 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
         disks.attach(d, spec.disk_mb, owner=owner)
     if rt.network is not None:
         seed.resolv_conf(d, owner, rt.network.config.dns_servers)
-        layer = lambda image_id: rt.layout.image_dir(image_id) / "rootfs"  # noqa: E731
         egress_ca = tls.ensure_ca(rt.layout.root)  # the egress proxy's (transform rules)
-        seed.trust(d, owner, chain, layer, egress_ca, rt.network.config.extra_ca)
+        layers = [rt.images.layer(m.image_id) for m in chain]
+        seed.trust(d, owner, layers, egress_ca, rt.network.config.extra_ca)
     record = SandboxRecord(
         sandbox_id=spec.sandbox_id,
         image_id=spec.image_id,
@@ -96,45 +101,26 @@ def prepare(rt: LocalRuntime, spec: SandboxSpec, chain: list[dict[str, Any]]) ->
     return rt.launch(record, chain)
 
 
-@contextlib.contextmanager
-def volumes_held(rt: LocalRuntime, mounts: tuple[VolumeMount, ...]) -> Iterator[list[str]]:
-    """Each volume of ``mounts`` mounted on the host, and held (its lock, shared) so that
-    no delete takes it until the sandbox's record names it. Yields the requests' items."""
-    with contextlib.ExitStack() as stack:
-        for volume_id in sorted({m.volume_id for m in mounts}):
-            stack.enter_context(rt.layout.locked("volume", volume_id, shared=True))
-        items = []
-        for mount in mounts:
-            try:
-                source = rt.volumes.ensure_mounted(mount.volume_id)
-            except VolumeNotFound:
-                raise CreateRefused(f"volume {mount.volume_id} does not exist") from None
-            items.append(f"volume={source}:{mount.path}")
-        yield items
-
-
-def launch(
-    rt: LocalRuntime, record: SandboxRecord, chain: list[dict[str, Any]]
-) -> LocalSandboxInfo:
+def launch(rt: LocalRuntime, record: SandboxRecord, chain: list[ImageMeta]) -> LocalSandboxInfo:
     """Start the sandbox's init on its prepared directory and disk, and write its record
     (with the init's identity): the commit point. A create and a cold boot alike."""
-    binds = [b for meta in chain for b in meta.get("host_binds", ())]
+    binds = host_binds_of(chain)
     mounts = len(chain) + len(binds) + 1 + len(record.volume_mounts)
     if mounts > MAX_FDS:
         raise CreateRefused(
             f"sandbox {record.sandbox_id} would need {mounts} mounts (image layers, host "
             f"binds and volumes), more than the {MAX_FDS} one sandbox may have"
         )
-    with volumes_held(rt, record.volume_mounts) as volume_items:
-        return _launch(rt, record, chain, binds, volume_items)
+    with rt.volumes.held(record.volume_mounts) as volumes:
+        return _launch(rt, record, chain, binds, volumes)
 
 
 def _launch(
     rt: LocalRuntime,
     record: SandboxRecord,
-    chain: list[dict[str, Any]],
+    chain: list[ImageMeta],
     binds: list[str],
-    volume_items: list[str],
+    volumes: list[HostMount],
 ) -> LocalSandboxInfo:
     sid, d = record.sandbox_id, rt.layout.sandbox_dir(record.sandbox_id)
     link = None
@@ -154,13 +140,13 @@ def _launch(
     )
     request = [
         f"rootfs={d / 'rootfs'}",
-        "lower=" + ":".join(str(rt.layout.image_dir(m["id"]) / "rootfs") for m in chain),
+        "lower=" + ":".join(str(rt.images.layer(m.image_id)) for m in chain),
         f"hostname={record.hostname or sid}",
         f"seccomp={build.ensure_seccomp(rt.root)}",
         f"dir={d}",
         f"idbase={record.id_base}",
         *(f"bind={b}:{b}" for b in binds),
-        *volume_items,
+        *(f"volume={v.source}:{v.target}" for v in volumes),
         *(link.request() if link is not None else ()),
     ]
     proc_view = lxcfs.ensure(rt.root)  # a live one at each launch: it may have died

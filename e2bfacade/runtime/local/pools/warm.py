@@ -155,7 +155,8 @@ class WarmPool:
     def _has_start(self, spec: SandboxSpec) -> bool:
         """Whether the image itself has a start command (not one it inherits: a snapshot of
         such a template has none of its own; an image that is gone has none)."""
-        return bool(self.runtime.images.read_or_empty(spec.image_id).get("start"))
+        meta = self.runtime.images.read_or_none(spec.image_id)
+        return meta is not None and meta.start is not None
 
     def forget(self, spec: SandboxSpec) -> None:
         """Refill ``spec``'s shape no more (its pool was turned off)."""
