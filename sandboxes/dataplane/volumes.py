@@ -28,13 +28,13 @@ import logging
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from e2bfacade.runtime.base import FileType, GuestFileError, SandboxRuntimeError
-from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, VolumeRuntime
+from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, volumes_of
 from e2bfacade.sandbox_runtime import get_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import (
@@ -228,10 +228,10 @@ def _this_host() -> str:
 
 
 def _files(volume_id: str) -> VolumeFiles:
-    runtime = get_runtime()
-    if not hasattr(runtime, "volume_files"):
+    runtime = volumes_of(get_runtime())
+    if runtime is None:
         raise ContentError(501, "this host's runtime has no volumes")
-    return cast(VolumeRuntime, runtime).volume_files(volume_id)
+    return runtime.volume_files(volume_id)
 
 
 async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:

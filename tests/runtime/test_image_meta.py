@@ -1,5 +1,6 @@
-"""Image metadata, typed (storage/image_meta.py), reads every image.json a host has on disk
-— the shapes earlier code wrote — and writes the same keys back."""
+"""Image metadata, typed (e2bfacade/runtime/local/storage/image_meta.py), reads every
+image.json a host has on disk — the shapes earlier code wrote — and writes the same keys
+back."""
 
 from __future__ import annotations
 

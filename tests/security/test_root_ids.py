@@ -17,7 +17,7 @@ import pytest
 
 from e2bfacade.runtime.base import BUILTIN_IMAGE, RuntimeUnavailable, SandboxSpec, SandboxState
 from e2bfacade.runtime.gvisor.driver import GvisorRuntime
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime
 from e2bfacade.runtime.local.ids import (
     BLOCK_LOCK,
     ID_BLOCK,
@@ -37,8 +37,8 @@ DRIVERS = pytest.mark.parametrize(
 
 
 @pytest.fixture
-def runtimes() -> Iterator[list[LocalRuntime]]:
-    made: list[LocalRuntime] = []
+def runtimes() -> Iterator[list[HostRuntime]]:
+    made: list[HostRuntime] = []
     yield made
     for rt in made:
         destroy_runtime(rt)
@@ -61,7 +61,7 @@ def _host_ids(pid: int) -> tuple[set[int], range]:
 
 @DRIVERS
 def test_the_sandboxes_of_two_roots_never_run_as_the_same_host_uid(
-    runtimes: list[LocalRuntime], make: Callable[..., LocalRuntime], driver: type[LocalRuntime]
+    runtimes: list[HostRuntime], make: Callable[..., LocalRuntime], driver: type[HostRuntime]
 ) -> None:
     if driver is GvisorRuntime:
         pytest.skip(
@@ -95,7 +95,7 @@ def test_the_sandboxes_of_two_roots_never_run_as_the_same_host_uid(
 
 @DRIVERS
 def test_a_root_whose_block_another_root_holds_refuses_to_start_naming_it(
-    runtimes: list[LocalRuntime], make: Callable[..., LocalRuntime], driver: type[LocalRuntime]
+    runtimes: list[HostRuntime], make: Callable[..., LocalRuntime], driver: type[HostRuntime]
 ) -> None:
     holder = make(spares=0)
     runtimes.append(holder)

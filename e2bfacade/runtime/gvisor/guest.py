@@ -47,9 +47,8 @@ class GvisorGuest(LocalGuest):
         link: Link,
         frozen: Callable[[], bool],
     ) -> None:
-        super().__init__(record, info, Path("/"), frozen)
-        self._agent.address = (link.guest_ip, AGENT_PORT)
-        self.id_base = 0  # files keep guest ids (bundle.py)
+        # Files keep guest ids (bundle.py): the user's host id is its guest id.
+        super().__init__(record, info, (link.guest_ip, AGENT_PORT), frozen, id_base=0)
         self._root_path = root
         self._link = link
 

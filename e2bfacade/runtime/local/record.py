@@ -9,6 +9,7 @@ is now (pid and kernel start time; 0 while it has no processes).
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
 from collections.abc import Mapping
@@ -150,6 +151,15 @@ class SandboxRecord:
                 "at": self.parked.at,
             }
         return data
+
+    @classmethod
+    def load(cls, sandbox_dir: Path) -> SandboxRecord | None:
+        """The record in ``sandbox_dir``, whatever sandbox it names (a pool claim); None when
+        there is none."""
+        try:
+            return cls.from_json(json.loads((sandbox_dir / FILE).read_text()))
+        except FileNotFoundError:
+            return None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SandboxRecord:

@@ -45,15 +45,20 @@ class LocalGuest:
         self,
         record: SandboxRecord,
         info: SandboxInfo,
-        agent_socket: Path,
+        agent: Path | tuple[str, int],
         frozen: Callable[[], bool],
+        *,
+        id_base: int | None = None,
     ) -> None:
+        """``agent``: where its agent listens (a unix socket on the host, or an address on
+        the sandbox's link); ``id_base``: the host id its files store for guest id 0 (None:
+        its id range's, as its user namespace maps them)."""
         self.record = record
         self.info = info  # as the data plane checks a caller against it (tokens, user)
         self.sandbox_id = record.sandbox_id
-        self._agent = Agent(agent_socket)
+        self._agent = Agent(agent)
         self._frozen = frozen
-        self.id_base = record.id_base  # the host id of guest id 0 (its user namespace's map)
+        self.id_base = record.id_base if id_base is None else id_base
 
     def running(self) -> bool:
         # As census.status_of decides it, for this init only: its pid still names it (a
