@@ -205,7 +205,8 @@ def test_no_import_cycle_inside_the_runtime() -> None:
 
 def test_no_driver_subclasses_another() -> None:
     """A way of running a sandbox is a sandboxer given to the host runtime, not a subclass
-    of a driver overriding its methods (docs/ARCHITECTURE.md, "The runtime")."""
+    of a driver overriding its methods (docs/ARCHITECTURE.md, "The host runtime and its
+    sandboxers")."""
     pattern = re.compile(r'class \w+\((Local|Gvisor)Runtime\)|cast\("LocalRuntime"')
     offending = [
         f"{relative}:{n}"

@@ -2,7 +2,7 @@
 root's layout and records, images, disks, volumes, cgroups, network and pools: parts.py)
 with a sandboxer (sandboxer.py), one way of running a sandbox, as its strategy. This module
 is the wiring and the operations' entry (locks, checks); a sandbox's steps are
-lifecycle.py's (docs/ARCHITECTURE.md, "The runtime").
+lifecycle.py's (docs/ARCHITECTURE.md, "The host runtime and its sandboxers").
 
 A driver names a pairing: :class:`LocalRuntime` is the host runtime with the namespace
 sandboxer (launcher/sandboxer.py), ``GvisorRuntime`` (e2bfacade/runtime/gvisor/driver.py)

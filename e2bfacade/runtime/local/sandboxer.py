@@ -1,7 +1,7 @@
 """The seam between the host runtime (driver.py: the shared Linux layer — layout, records,
 images, disks, volumes, cgroups, network, pools, the agent client) and a way of running a
 sandbox on it: a :class:`Sandboxer`, a strategy handed to the host, as crun's custom
-handlers are (docs/ARCHITECTURE.md, "The runtime").
+handlers are (docs/ARCHITECTURE.md, "The host runtime and its sandboxers").
 
 Two implement it: ``launcher/sandboxer.py`` (Linux namespaces made by sandboxd, the C
 launcher: the ``local`` driver) and ``gvisor/sandboxer.py`` (gVisor's runsc: the ``gvisor``
