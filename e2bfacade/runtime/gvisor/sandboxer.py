@@ -3,11 +3,12 @@
 restore keep a paused sandbox's memory on disk, and give snapshots and forks that carry
 running processes.
 
-The host runtime around it is the local driver's (the same images and layers, disks,
-records, id slots, volumes, network rules and guest agent); this replaces what starts,
-pauses and ends processes, and how the host reaches the guest (its agent on the sandbox's
-link, its files through the root tree mounted on the host, its ports through its address:
-guest.py) — docs/runtime.md, "The gVisor driver", says what differs for a guest.
+The host runtime around it is the one the local driver has too (the same images and
+layers, disks, records, id slots, volumes, network rules and guest agent); this does what
+starts, pauses and ends processes, and says how the host reaches the guest (its agent on
+the sandbox's link, its files through the root tree mounted on the host, its ports through
+its address: guest.py) — docs/runtime.md, "The gVisor driver", says what differs for a
+guest.
 
 A sandbox's directory, beside the host's ``state.json`` and ``disk/``:
 
@@ -33,11 +34,10 @@ from e2bfacade.runtime.base import (
     Capability,
     RuntimeBusy,
     RuntimeUnavailable,
-    SandboxInfo,
     SandboxRuntimeError,
 )
 from e2bfacade.runtime.gvisor import bundle, link
-from e2bfacade.runtime.gvisor.guest import GvisorGuest
+from e2bfacade.runtime.gvisor.guest import GvisorReach
 from e2bfacade.runtime.gvisor.runsc import Runsc, RunscError
 from e2bfacade.runtime.local import build
 from e2bfacade.runtime.local.net.network import digest_of
@@ -267,11 +267,9 @@ class GvisorSandboxer:
         for entry in os.scandir(source):  # the same file system: links
             os.link(entry.path, image_dir / CHECKPOINT / entry.name)
 
-    def guest(
-        self, record: SandboxRecord, info: SandboxInfo, frozen: Callable[[], bool]
-    ) -> GvisorGuest:
+    def reach(self, record: SandboxRecord, frozen: Callable[[], bool]) -> GvisorReach:
         d = self.parts.layout.sandbox_dir(record.sandbox_id)
-        return GvisorGuest(record, info, d / "rootfs", self.link_of(record.sandbox_id), frozen)
+        return GvisorReach(record, d / "rootfs", self.link_of(record.sandbox_id), frozen)
 
     def sweep(self, seen_live: Collection[str]) -> None:
         """runsc's state of containers whose sandbox is gone (a crash between the steps of

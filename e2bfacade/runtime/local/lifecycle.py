@@ -60,7 +60,8 @@ class Lifecycle:
         identity, id base, default user, env vars) and of its state; the sandboxer says
         how the host reaches it."""
         record, info = self.require(sandbox_id, SandboxState.RUNNING)
-        return self.sandboxer.guest(record, info, lambda: self.parts.cgroups.is_frozen(sandbox_id))
+        frozen = lambda: self.parts.cgroups.is_frozen(sandbox_id)  # noqa: E731
+        return LocalGuest(record, info, self.sandboxer.reach(record, frozen), frozen)
 
     def adopt(self, record: SandboxRecord, spec: SandboxSpec) -> LocalSandboxInfo | None:
         """A create of an id that has a record: the sandbox it names, when it is not dead and

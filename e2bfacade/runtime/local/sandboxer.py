@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from e2bfacade.runtime.base import Capability, SandboxInfo
-from e2bfacade.runtime.local.guest.handle import LocalGuest
+from e2bfacade.runtime.base import Capability
+from e2bfacade.runtime.local.guest.reach import GuestReach
 from e2bfacade.runtime.local.parts import HostParts as HostParts
 from e2bfacade.runtime.local.record import SandboxRecord
 from e2bfacade.runtime.local.storage.image_meta import ImageMeta
@@ -127,11 +127,10 @@ class Sandboxer(Protocol):
         snapshot: Capability.MEMORY_SNAPSHOTS)."""
         ...
 
-    def guest(
-        self, record: SandboxRecord, info: SandboxInfo, frozen: Callable[[], bool]
-    ) -> LocalGuest:
-        """The running sandbox's guest side: where its agent listens, how its root is
-        opened and its ports dialled."""
+    def reach(self, record: SandboxRecord, frozen: Callable[[], bool]) -> GuestReach:
+        """How the host reaches the running sandbox's guest (guest/reach.py): where its
+        agent listens, how its root is opened and its ports dialled, the host id its files
+        store for guest root; ``frozen``: whether its groups are frozen now."""
         ...
 
     def sweep(self, seen_live: Collection[str]) -> None:

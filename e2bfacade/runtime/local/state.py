@@ -1,4 +1,4 @@
-"""The local driver's on-disk state: where things live under ``SANDBOX_ROOT``, per-id locks,
+"""The host runtime's on-disk state: where things live under ``SANDBOX_ROOT``, per-id locks,
 and the few facts about host processes the driver keeps (an init is identified by its pid
 *and* its kernel start time, so a recycled pid is never mistaken for a live sandbox).
 

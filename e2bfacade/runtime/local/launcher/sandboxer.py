@@ -10,9 +10,9 @@ import ipaddress
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
-from e2bfacade.runtime.base import Capability, CreateRefused, RuntimeConflict, SandboxInfo
+from e2bfacade.runtime.base import Capability, CreateRefused, RuntimeConflict
 from e2bfacade.runtime.local import build, lxcfs
-from e2bfacade.runtime.local.guest.handle import LocalGuest
+from e2bfacade.runtime.local.guest.reach import NamespaceReach
 from e2bfacade.runtime.local.ids import ID_RANGE
 from e2bfacade.runtime.local.launcher.client import Launcher
 from e2bfacade.runtime.local.pools.spares import Spares
@@ -141,11 +141,9 @@ class NamespaceSandboxer:
     def copy_memory(self, sandbox_id: str, image_dir: Path) -> None:
         raise RuntimeConflict("the local driver's snapshots capture files only")
 
-    def guest(
-        self, record: SandboxRecord, info: SandboxInfo, frozen: Callable[[], bool]
-    ) -> LocalGuest:
+    def reach(self, record: SandboxRecord, frozen: Callable[[], bool]) -> NamespaceReach:
         agent = self.parts.layout.sandbox_dir(record.sandbox_id) / "agent.sock"
-        return LocalGuest(record, info, agent, frozen)
+        return NamespaceReach(record, agent)
 
     def sweep(self, seen_live: Collection[str]) -> None:
         """The host's sweep releases all it holds (groups, spares, slots)."""

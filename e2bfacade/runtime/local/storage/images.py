@@ -1,4 +1,4 @@
-"""The local driver's images: read-only lower layers under ``images/<id>/``, each with a
+"""The host runtime's images: read-only lower layers under ``images/<id>/``, each with a
 parent (a snapshot's parent is the image its sandbox ran), published by rename so readers
 never see half an image.
 
