@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "sandboxes",
     "snapshots",
     "idempotency",
+    "nodes",
 ]
 
 MIDDLEWARE = [

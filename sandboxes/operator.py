@@ -20,9 +20,9 @@ from django.db.models import Count, Q, Sum
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
 from e2bfacade.models import Team
+from nodes.selectors import local_node, node_capacity
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_kill
-from sandboxes.transitions import host_label, this_host
 
 NODE_STATUSES = ("ready", "draining", "connecting", "unhealthy", "standby")
 
@@ -68,20 +68,18 @@ def running_counts() -> dict[str, int]:
 
 def node_list() -> list[dict[str, Any]]:
     """``GET /nodes``: this host, the one node of this service."""
-    return [node_detail(node_id=host_label(this_host()))]
+    return [node_detail(node_id=local_node().label)]
 
 
 def node_detail(*, node_id: str) -> dict[str, Any]:
     """``GET /nodes/{nodeID}`` in E2B's ``NodeDetail`` shape (a ``Node``'s fields too):
     what this host holds, from the database (one grouped query) and the runtime's
     capacity. 404 for any other id."""
-    host = this_host()
-    if node_id != host_label(host):
+    node = local_node()
+    if node_id != node.label:
         raise NotFound(f"node '{node_id}' not found")
-    from e2bfacade.sandbox_runtime import get_runtime
-
-    capacity = get_runtime().capacity()
-    live = Sandbox.objects.filter(Q(host=host) | Q(host=""))
+    capacity = node_capacity(node)
+    live = Sandbox.objects.filter(Q(host=node.host_id) | Q(host=""))
     totals = live.filter(state=Sandbox.State.RUNNING).aggregate(
         n=Count("pk"), cpu=Sum("cpu_count"), memory=Sum("memory_mb")
     )

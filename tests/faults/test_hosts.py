@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from e2bfacade.runtime.local import LocalRuntime
-from sandboxes.transitions import host_label
+from nodes.selectors import host_label
 from tests.contract.template_support import (
     base_spec,
     copy_step,

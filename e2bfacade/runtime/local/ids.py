@@ -65,7 +65,7 @@ def holds_sandboxes(root: Path) -> bool:
 
 
 def block_in_use(root: Path) -> bool:
-    """Whether a process has a :class:`Layout` of ``root`` open (holds its block lock)."""
+    """Whether a process has a ``state.Layout`` of ``root`` open (holds its block lock)."""
     try:
         fd = os.open(root / BLOCK_LOCK, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

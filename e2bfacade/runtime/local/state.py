@@ -156,7 +156,7 @@ class Layout:
         return SandboxRecord.from_json(data)
 
     def read_state_cached(self, sandbox_id: str) -> SandboxRecord | None:
-        """:meth:`read_state` for the census (the sweep, :meth:`HostRuntime.census`),
+        """:meth:`read_state` for the census (the sweep, the host runtime's ``census``),
         parsed again only when the file changed (a record is only ever replaced, so a new
         file is a new inode)."""
         path = f"{self._sandboxes}/{sandbox_id}/state.json"  # a str: no Path per call

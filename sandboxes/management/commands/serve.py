@@ -47,7 +47,7 @@ from django.core.management.base import BaseCommand, CommandError
 from e2bfacade import front as fronts
 from e2bfacade import supervision
 from e2bfacade.runtime.base import SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_runtime
 
 # How long a stop waits for the children before killing them: above gunicorn's
 # graceful_timeout (gunicorn.conf.py), the longest any of them takes to finish its work.
@@ -283,6 +283,6 @@ class Command(BaseCommand):
         devices) now that no process of the service can take one; every sandbox stays. A
         service SIGKILLed leaves them, and the next one's pools take them over."""
         try:
-            get_runtime().discard_spares()
+            local_runtime().discard_spares()
         except SandboxRuntimeError as exc:  # a host that cannot run sandboxes has none
             self.stderr.write(f"[serve] the runtime's spares were not discarded: {exc}")
