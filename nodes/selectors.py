@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from e2bfacade.errors import ApiError, ServiceUnavailable
+from e2bfacade.fleet import host as fleet_host
 from e2bfacade.runtime.base import Capacity, Runtime
 from e2bfacade.sandbox_runtime import get_runtime
 
@@ -91,6 +92,9 @@ def runtime_for(node: Node) -> Runtime:
     runtime = get_runtime()
     if node.host_id != runtime.host_id:
         raise LookupError(f"no runtime of this process acts on host {node.label}")
+    # In a fleet, a host that cannot prove it is alive does no sandbox work: the fleet may
+    # be giving its sandboxes up (e2bfacade/fleet/host.py).
+    fleet_host.check_serving()
     return runtime
 
 
@@ -152,8 +156,11 @@ def elsewhere(message: str, *, error_code: str) -> ApiError:
 
 
 def placement_candidates() -> list[Node]:
-    """The nodes a create may be placed on, best first: this one. Admission then checks
-    the chosen node's capacity in the create's own transaction."""
+    """The nodes a create may be placed on, best first: this one, unless in a fleet its
+    operator made it take no new sandboxes (``draining``, ``standby``: a 503 that sends
+    the create back to the front). Admission then checks the chosen node's capacity in the
+    create's own transaction."""
+    fleet_host.check_placeable()
     return [local_node()]
 
 

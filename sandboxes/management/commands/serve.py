@@ -8,7 +8,8 @@
 - the data plane (envd's API for every sandbox, and its ports): uvicorn with
   ``--sandbox-workers`` workers on ``--sandbox-bind`` (default: the API's port + 1) — the
   SDK's ``E2B_SANDBOX_URL``, or the target of a front proxy for ``*.<SANDBOX_DOMAIN>``;
-- the lifecycle worker (``run_worker``).
+- the lifecycle worker (``run_worker``);
+- in a fleet (``ETCD_ENDPOINTS``), the host's membership (``run_member``).
 
 The database and ``SANDBOX_ROOT`` come from the environment, as for every command. SIGTERM
 or SIGINT stops them all (each finishes what it is doing; a second signal, or
@@ -228,6 +229,9 @@ class Command(BaseCommand):
             )  # fmt: skip
             if not options["no_worker"]:
                 children["worker"] = popen([python, "manage.py", "run_worker"])
+            if settings.ETCD_ENDPOINTS:
+                # This host's membership of the fleet, and the fence the others read.
+                children["member"] = popen([python, "manage.py", "run_member"])
             if settings.SANDBOX_NETWORK is not None:
                 # Domain names in allowOut and transform rules (run_egress.py).
                 children["egress"] = popen(
