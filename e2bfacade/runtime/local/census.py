@@ -58,11 +58,10 @@ def status_of(
 def census(layout: Layout, init_watch: InitWatch) -> Census:
     """The created sandboxes (no pool sandbox) that are not dead: those whose init
     lives (paused or not) or whose memory is checkpointed, and those ``kept`` with their
-    files only (parked, or their init died and their disk is there) — what :meth:`list`
-    holds that is not dead, for the worker's reconcile, every tick. One directory walk, a
-    stat per sandbox (its record is parsed again only when it changed), one poll of the
-    inits' pidfds (``init_watch``, kept by the runtime object) and a stat per dead
-    one."""
+    files only (parked, or their init died and their disk is there) — what the runtime's
+    ``list`` holds that is not dead, for the worker's reconcile, every tick. One directory
+    walk, a stat per sandbox (its record is parsed again only when it changed), one poll of
+    the inits' pidfds (``init_watch``, kept by the runtime object) and a stat per dead one."""
     inits: dict[str, tuple[int, int]] = {}
     kept: set[str] = set()
     checkpointed: set[str] = set()
