@@ -135,6 +135,110 @@ def test_the_runtime_imports_nothing_of_django_or_of_the_apps() -> None:
     )
 
 
+# ------------------------------------------------------------------ the runtime's modules
+def _module_of(relative: Path) -> str:
+    parts = list(relative.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """Module -> the runtime modules it imports: every statement counts, type-only ones
+    (under ``TYPE_CHECKING``) and function-local ones included. ``from a.b import c`` points
+    at ``a.b.c`` when that is a module, else at ``a.b``."""
+    modules = {_module_of(r): r for r in _sources(RUNTIME)}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, relative in modules.items():
+        for _, name in _imports(relative):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    """Guards the check below against a graph that finds nothing."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = _runtime_graph()
+    assert "e2bfacade.runtime.base" in graph["e2bfacade.runtime.registry"]
+
+
+def test_no_import_cycle_inside_the_runtime() -> None:
+    """No module of e2bfacade/runtime reaches itself through its imports, type-only and
+    function-local ones included: the API (errors, specs, the guest's half, volumes, the
+    host's half) sits below the host layer, which sits below the sandboxers."""
+    cycles = _cycles(_runtime_graph())
+    assert not cycles, "import cycles inside e2bfacade/runtime:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_no_driver_subclasses_another() -> None:
+    """A way of running a sandbox is a sandboxer given to the host runtime, not a subclass
+    of a driver overriding its methods (docs/ARCHITECTURE.md, "The host runtime and its
+    sandboxers")."""
+    pattern = re.compile(r'class \w+\((Local|Gvisor)Runtime\)|cast\("LocalRuntime"')
+    offending = [
+        f"{relative}:{n}"
+        for relative in _sources(Path("e2bfacade"))
+        for n, line in enumerate((ROOT / relative).read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offending, "drivers that subclass a driver:\n" + "\n".join(offending)
+
+
+def test_a_driver_on_the_host_runtime_only_names_its_sandboxer() -> None:
+    """``LocalRuntime`` and ``GvisorRuntime`` pair the host runtime with a sandboxer: they
+    add and replace no method (what differs between drivers is the sandboxer's)."""
+    from e2bfacade.runtime import registry
+    from e2bfacade.runtime.local.driver import HostRuntime
+
+    allowed = {"__module__", "__qualname__", "__doc__", "__annotations__", "sandboxer_class"}
+    allowed |= {"__firstlineno__", "__static_attributes__", "__annotate_func__"}
+    for name in registry.HOST_DRIVERS:
+        cls = registry.host_driver_class(name)
+        assert cls.__bases__ == (HostRuntime,), name
+        assert set(vars(cls)) - allowed == {"name", "capabilities"}, name  # __init_subclass__
+        assert cls.name == name == cls.sandboxer_class.name
+
+
 # The nodes seam, and what reaches the process's runtime registry below it: the registry
 # itself and the metering it wraps every runtime in, the settings that check the driver's
 # name, the configured driver class's declared capabilities (no runtime is built) and the

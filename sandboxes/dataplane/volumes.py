@@ -28,14 +28,14 @@ import logging
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from e2bfacade.errors import ApiError
 from e2bfacade.runtime.base import FileType, GuestFileError, SandboxRuntimeError
-from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, VolumeRuntime
+from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, volumes_of
 from nodes.selectors import local_runtime, node_for_volume_id
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import (
@@ -235,10 +235,10 @@ def _check_node(volume_id: uuid.UUID, host: str) -> None:
 
 
 def _files(volume_id: str) -> VolumeFiles:
-    runtime = local_runtime()  # the volume's node is this one (_check_node)
-    if not hasattr(runtime, "volume_files"):
+    runtime = volumes_of(local_runtime())  # the volume's node is this one (_check_node)
+    if runtime is None:
         raise ContentError(501, "this host's runtime has no volumes")
-    return cast(VolumeRuntime, runtime).volume_files(volume_id)
+    return runtime.volume_files(volume_id)
 
 
 async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:

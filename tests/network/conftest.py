@@ -23,7 +23,7 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
@@ -113,7 +113,7 @@ def net_runtime(internet: TestInternet) -> Iterator[LocalRuntime]:
 
 
 @pytest.fixture
-def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
+def make_sandbox(net_runtime: HostRuntime) -> Iterator[Callable[..., str]]:
     made: list[str] = []
 
     def make(**network: object) -> str:
@@ -128,14 +128,14 @@ def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
         net_runtime.kill(sid)
 
 
-def sh(rt: LocalRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
+def sh(rt: HostRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
     result = run_process(
         rt.guest(sid), ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
     )
     return result.exit_code, (result.stdout + result.stderr).decode(errors="replace")
 
 
-def curl(rt: LocalRuntime, sid: str, url: str, *extra: str) -> tuple[int, str]:
+def curl(rt: HostRuntime, sid: str, url: str, *extra: str) -> tuple[int, str]:
     """``curl`` in the guest: (exit code, body). Refused connections fail at once."""
     args = " ".join(extra)
     return sh(rt, sid, f"curl -sS --connect-timeout 3 --max-time 8 {args} {url}")

@@ -100,17 +100,10 @@ def test_every_module_path_named_in_code_tests_and_docs_exists() -> None:
 ROLE = re.compile(r":(mod|func|class|meth|data|attr|exc|obj):`~?([.\w]+)`")
 PACKAGES = {"bench", "e2bfacade", "idempotency", "nodes", "sandboxes", "snapshots", "templates"}
 PACKAGES |= {"scripts", "tests"}
-# Citations inside e2bfacade/runtime that do not resolve where they stand: the runtime's
-# refactor rewrites those modules and their docs. Each entry must still occur (the test
-# fails on one that does not, so the list only shrinks).
-PENDING_IN_RUNTIME = {
-    ("e2bfacade/runtime/local/census.py", ":meth:`list`"),
-    ("e2bfacade/runtime/local/census.py", ":class:`InitWatch`"),
-    ("e2bfacade/runtime/local/driver.py", ":meth:`park`"),
-    ("e2bfacade/runtime/local/state.py", ":meth:`LocalRuntime.census`"),
-    ("e2bfacade/runtime/volumes.py", ":attr:`Capability.VOLUME_MOUNTS`"),
-    ("e2bfacade/runtime/volumes.py", ":class:`Runtime`"),
-}
+# Citations inside e2bfacade/runtime that do not resolve where they stand (none left: the
+# runtime's refactor resolved them). An entry must still occur (the test fails on one that
+# does not, so the list only shrinks).
+PENDING_IN_RUNTIME: set[tuple[str, str]] = set()
 
 
 @cache

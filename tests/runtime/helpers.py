@@ -16,7 +16,7 @@ from typing import Any
 
 from e2bfacade.runtime.base import ProcessResult, ProcessSpec, Runtime
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime, build
+from e2bfacade.runtime.local import HostRuntime, build
 
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
 MiB = 1024 * 1024
@@ -48,7 +48,7 @@ def ok(rt: Runtime, sandbox_id: str, script: str, **kwargs: Any) -> str:
     return result.stdout.decode()
 
 
-def cgroup_dirs(rt: LocalRuntime, sandbox_id: str) -> list[Path]:
+def cgroup_dirs(rt: HostRuntime, sandbox_id: str) -> list[Path]:
     """Where the sandbox's cgroups live on the host, derived from the cgroupfs layout rather
     than from the driver's own bookkeeping."""
     parent = rt.cgroups.parent_name
@@ -58,14 +58,14 @@ def cgroup_dirs(rt: LocalRuntime, sandbox_id: str) -> list[Path]:
     return [base / c / parent / sandbox_id for c in V1_CONTROLLERS if (base / c).is_dir()]
 
 
-def cgroup_file(rt: LocalRuntime, sandbox_id: str, controller: str, name: str) -> Path:
+def cgroup_file(rt: HostRuntime, sandbox_id: str, controller: str, name: str) -> Path:
     parent = rt.cgroups.parent_name
     if rt.cgroups.version == 2:
         return Path("/sys/fs/cgroup") / parent / sandbox_id / name
     return Path("/sys/fs/cgroup") / controller / parent / sandbox_id / name
 
 
-def cgroup_pids(rt: LocalRuntime, sandbox_id: str) -> list[int]:
+def cgroup_pids(rt: HostRuntime, sandbox_id: str) -> list[int]:
     procs = cgroup_file(rt, sandbox_id, "freezer", "cgroup.procs")
     try:
         return [int(x) for x in procs.read_text().split()]
@@ -185,7 +185,7 @@ def init_and_agent(pids: list[int], init_pid: int) -> bool:
         time.sleep(0.01)
 
 
-def buried(rt: LocalRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:
+def buried(rt: HostRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:
     """Wait until a killed sandbox's directory is gone (it goes in the background, a moment
     after kill returns: the tomb ``.<id>.<random>.deleting``); without an id, every one."""
 

@@ -25,8 +25,9 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
     SandboxState,
 )
-from e2bfacade.runtime.gvisor.driver import CHECKPOINT, GvisorRuntime
+from e2bfacade.runtime.gvisor.driver import GvisorRuntime
 from e2bfacade.runtime.gvisor.link import AGENT_PORT
+from e2bfacade.runtime.gvisor.sandboxer import CHECKPOINT
 from e2bfacade.runtime.local.state import proc_starttime
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime
 from tests.runtime.helpers import sh
@@ -165,8 +166,8 @@ def test_a_memory_snapshot_starts_copies_that_continue_its_processes_each_its_ow
             assert sh(rt, fork, "hostname").stdout == f"copy{index}\n".encode()
             assert sh(rt, fork, "cat /home/user/file").stdout == b"source\n"
             sh(rt, fork, f"echo {fork} > /home/user/file")
-            addresses.add(rt.link_of(fork).guest_ip)
-        assert len(addresses) == 2 and rt.link_of(sandbox).guest_ip not in addresses
+            addresses.add(rt.sandboxer.link_of(fork).guest_ip)
+        assert len(addresses) == 2 and rt.sandboxer.link_of(sandbox).guest_ip not in addresses
         assert sh(rt, sandbox, "cat /home/user/file").stdout == b"source\n"
         source = state_of(rt, sandbox)
         assert (source[0], source[2]) == (token, pid)
@@ -202,7 +203,7 @@ def test_a_pause_resets_the_connections_into_the_sandbox_and_succeeds(
 
 
 def test_only_the_hosts_root_reaches_a_sandboxs_agent(rt: GvisorRuntime, sandbox: str) -> None:
-    address = rt.link_of(sandbox).guest_ip
+    address = rt.sandboxer.link_of(sandbox).guest_ip
     socket.create_connection((address, AGENT_PORT), timeout=5).close()  # root: yes
     probe = f"import socket; socket.create_connection(({address!r}, {AGENT_PORT}), timeout=5)"
     done = subprocess.run(

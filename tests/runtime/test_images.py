@@ -79,7 +79,7 @@ def test_an_imported_rootfs_runs_its_own_static_binary(
     tpl = image_id()
     info = import_tar(runtime, tpl, archive)
     assert info.parent is None and info.size_bytes > 0
-    assert runtime.images.read(tpl)["host_binds"] == []  # nothing of the host's
+    assert runtime.images.read(tpl).host_binds == ()  # nothing of the host's
 
     runtime.create(SandboxSpec(sandbox_id, tpl))
     result = run(runtime, sandbox_id, ["/bin/hello"])

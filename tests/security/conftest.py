@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.conftest import (  # noqa: F401 - fixtures
     gvisor_runtime,
     host_scratch,
@@ -28,10 +28,10 @@ DRIVERS = ("local", "gvisor")
 
 
 @pytest.fixture(scope="session", params=DRIVERS)
-def runtime(request: pytest.FixtureRequest) -> LocalRuntime:
+def runtime(request: pytest.FixtureRequest) -> HostRuntime:
     """The runtime the attacks go through: the local driver's session runtime, then the
     gvisor driver's (tests/runtime/conftest.py makes, and tears down, both)."""
-    rt: LocalRuntime = request.getfixturevalue(f"{request.param}_runtime")
+    rt: HostRuntime = request.getfixturevalue(f"{request.param}_runtime")
     return rt
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import CreateRefused, SandboxSpec, SandboxState
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.helpers import MiB, buried, loop_backings, ok, run, wait_until
 from tests.security.drivers import is_gvisor
 
@@ -68,7 +68,7 @@ def allocated_under(root: Path) -> int:
 @pytest.mark.sandboxer
 @pytest.mark.parametrize("user", ["root", "user"])
 def test_filling_the_disk_is_enospc_in_the_guest_and_costs_the_host_at_most_its_size(
-    runtime: LocalRuntime, sandbox_id: str, user: str
+    runtime: HostRuntime, sandbox_id: str, user: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
     image = runtime.root / "sandboxes" / sandbox_id / "disk.img"
@@ -92,7 +92,7 @@ def test_filling_the_disk_is_enospc_in_the_guest_and_costs_the_host_at_most_its_
 
 
 @pytest.mark.sandboxer
-def test_inodes_are_bounded_too(runtime: LocalRuntime, sandbox_id: str) -> None:
+def test_inodes_are_bounded_too(runtime: HostRuntime, sandbox_id: str) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=16))
     script = (
         "import errno, os\n"
@@ -111,7 +111,7 @@ def test_inodes_are_bounded_too(runtime: LocalRuntime, sandbox_id: str) -> None:
 
 
 def test_two_sandboxes_disks_are_independent(
-    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     full, other = new_sandbox_id(), new_sandbox_id()
     runtime.create(SandboxSpec(full, "base", memory_mb=256, disk_mb=32))
@@ -129,7 +129,7 @@ def test_two_sandboxes_disks_are_independent(
 @pytest.mark.timeout(30)  # gvisor's /dev: a hang, which this bounds (a fill takes ~1 s)
 @pytest.mark.parametrize("mount", ["/dev/shm", "/run", "/dev"])
 def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
-    runtime: LocalRuntime, sandbox_id: str, mount: str, request: pytest.FixtureRequest
+    runtime: HostRuntime, sandbox_id: str, mount: str, request: pytest.FixtureRequest
 ) -> None:
     if is_gvisor(runtime) and mount == "/dev":
         request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_DEV))
@@ -145,7 +145,7 @@ def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
 
 @pytest.mark.sandboxer
 def test_killing_a_sandbox_removes_its_disk_and_loop_device(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
     d = runtime.root / "sandboxes" / sandbox_id
@@ -162,7 +162,7 @@ def test_killing_a_sandbox_removes_its_disk_and_loop_device(
 
 @pytest.mark.sandboxer
 def test_a_crashed_sandbox_s_disk_is_kept_until_it_is_killed(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
     d = runtime.root / "sandboxes" / sandbox_id
@@ -179,7 +179,7 @@ def test_a_crashed_sandbox_s_disk_is_kept_until_it_is_killed(
 
 
 def test_a_disk_larger_than_the_host_or_smaller_than_a_file_system_is_refused(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     for size in (1, runtime.capacity().disk_mb + 1):
         with pytest.raises(CreateRefused, match="disk_mb"):

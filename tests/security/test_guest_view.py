@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import GuestFileError, SandboxSpec
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
 
@@ -27,7 +27,7 @@ def _umask(pid: int) -> str:
 
 
 def test_the_guests_init_agent_and_commands_have_umask_0022(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
 
@@ -53,7 +53,7 @@ def test_the_guests_init_agent_and_commands_have_umask_0022(
 
 
 def test_no_host_path_shows_in_the_guests_mounts_or_df(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     seen = ok(
@@ -74,7 +74,7 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
-    runtime: LocalRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     host = Path(BOOT_ID).read_text()
@@ -99,7 +99,7 @@ def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
 
 
 def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user(
-    runtime: LocalRuntime, sandbox_id: str, request: pytest.FixtureRequest
+    runtime: HostRuntime, sandbox_id: str, request: pytest.FixtureRequest
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
 
@@ -151,7 +151,7 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
     "memory (runsc's --total-memory defaults to the host's), not its memory_mb"
 )
 def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
     meminfo = ok(runtime, sandbox_id, "cat /proc/meminfo", user="user")

@@ -20,7 +20,7 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 from tests.runtime.helpers import buried, cgroup_file, cgroup_pids, ok, run, wait_until
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
@@ -34,11 +34,11 @@ DEPTH = 25_000
 GVISOR_DEPTH = 1_900
 
 
-def depth_for(runtime: LocalRuntime) -> int:
+def depth_for(runtime: HostRuntime) -> int:
     return GVISOR_DEPTH if is_gvisor(runtime) else DEPTH
 
 
-def make_deep_tree(runtime: LocalRuntime, sandbox_id: str, user: str = "user") -> None:
+def make_deep_tree(runtime: HostRuntime, sandbox_id: str, user: str = "user") -> None:
     script = (
         "import os, socket\n"
         "os.chdir('/home/user')\n"
@@ -56,7 +56,7 @@ def make_deep_tree(runtime: LocalRuntime, sandbox_id: str, user: str = "user") -
 
 @pytest.mark.sandboxer
 def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_completely(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     # gvisor: below the host's descriptor limit (see GVISOR_DEPTH), still beyond recursion.
     assert DEPTH > resource.getrlimit(resource.RLIMIT_NOFILE)[0] or is_gvisor(runtime)
@@ -100,7 +100,7 @@ def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_complet
 
 
 @pytest.mark.sandboxer
-def test_a_sparse_file_stays_sparse_in_a_snapshot(runtime: LocalRuntime, sandbox_id: str) -> None:
+def test_a_sparse_file_stays_sparse_in_a_snapshot(runtime: HostRuntime, sandbox_id: str) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     ok(runtime, sandbox_id, "truncate -s 1G /home/user/sparse && echo end >> /home/user/sparse")
     snap = f"sparse-{uuid.uuid4().hex[:8]}"
@@ -138,7 +138,7 @@ def test_a_snapshot_over_the_limit_is_refused_and_leaves_nothing(
 # gvisor only the transport differs, which the runtime contract's bounded-output test runs
 # (tests/runtime/test_contract.py), without pushing a gibibyte through gVisor (39 s).
 def test_endless_output_is_capped_and_the_host_does_not_grow(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -154,7 +154,7 @@ def test_endless_output_is_capped_and_the_host_does_not_grow(
 
 @pytest.mark.sandboxer
 def test_a_lifetime_kills_the_whole_tree_and_a_grandchild_never_holds_the_host(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     started = time.monotonic()
@@ -170,7 +170,7 @@ def test_a_lifetime_kills_the_whole_tree_and_a_grandchild_never_holds_the_host(
 
 
 def test_operations_on_a_killed_sandbox_say_it_is_gone(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     runtime.kill(sandbox_id)
@@ -183,14 +183,14 @@ def test_operations_on_a_killed_sandbox_say_it_is_gone(
             op()
 
 
-def _answers(runtime: LocalRuntime, sandbox_id: str) -> bool:
+def _answers(runtime: HostRuntime, sandbox_id: str) -> bool:
     try:
         return run(runtime, sandbox_id, ["true"], timeout=10).exit_code == 0
     except GuestFileError:  # EAGAIN: the sandbox has no pid left for the command
         return False
 
 
-def _pids_charged(runtime: LocalRuntime, sandbox_id: str) -> int:
+def _pids_charged(runtime: HostRuntime, sandbox_id: str) -> int:
     """The pids the sandbox's cgroup counts: zombies too (cgroup.procs lists none).
     gvisor: the guest's tasks, zombies too, as its own kernel counts them (the cgroup
     counts the sentry's threads and stubs, which reaping in the guest does not free)."""
@@ -206,7 +206,7 @@ def _pids_charged(runtime: LocalRuntime, sandbox_id: str) -> int:
     "and the sandbox shows paused; the host and other sandboxes are unharmed"
 )
 def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_needs_pids(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", pids_max=256))
     # The command ends at once, leaving the bomb behind; the bomb's first shell returns at
@@ -230,7 +230,7 @@ def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_n
 
 @pytest.mark.sandboxer
 def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     # `nohup server &` from a command with the SDK's default lifetime: the server lives on
@@ -244,7 +244,7 @@ def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
 
 @pytest.mark.sandboxer
 def test_orphans_that_end_while_their_command_runs_are_reaped_at_once(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", pids_max=256))
     # Each `(true &)` leaves an orphan that ends at once, re-parented to the command's
