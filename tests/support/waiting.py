@@ -24,8 +24,10 @@ SHOWN_CHARS = 600  # of the last value seen, in a failure message
 
 
 def _shown(value: object) -> str:
+    """``value``'s repr, its start and its end when long (a log's news is at its end)."""
     text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
+    half = SHOWN_CHARS // 2
+    return text if len(text) <= SHOWN_CHARS else f"{text[:half]} … {text[-half:]}"
 
 
 def eventually(
