@@ -5,7 +5,6 @@ update_network, validation as E2B answers it, and allowPublicTraffic's traffic t
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +15,7 @@ from tests.network.conftest import unique_cidr
 from tests.support.internet import TestInternet
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.node_support import run_sdk_script
+from tests.support.waiting import eventually
 
 WEB = "http://203.0.113.10/"
 JS_DIR = REPO / "tests" / "contract" / "js"
@@ -132,13 +132,13 @@ def test_allow_public_traffic_false_needs_the_traffic_token(sdk: LiveServer) -> 
         assert "Token header 'e2b-traffic-access-token' is missing" in got.json()["message"]
         got = httpx.get(url, headers={**base, "e2b-traffic-access-token": "wrong"}, timeout=10)
         assert got.status_code == 403 and "is invalid" in got.json()["message"]
-        deadline = time.monotonic() + 15
-        while True:
-            got = httpx.get(url, headers={**base, "e2b-traffic-access-token": token}, timeout=10)
-            if got.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert got.status_code == 200
+        eventually(
+            lambda: httpx.get(url, headers={**base, "e2b-traffic-access-token": token}, timeout=10),
+            until=lambda got: got.status_code == 200,
+            within=15,
+            every=0.2,
+            what="the guest's server answering with the token",
+        )
         # envd's own port is exempt: the SDK's calls work without the traffic token.
         assert sbx.commands.run("echo ok").stdout == "ok\n"
     finally:
