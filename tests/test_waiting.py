@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
 
-from tests.support.waiting import eventually, stays
+from tests.support.waiting import eventually, eventually_async, stays
 
 
 def test_eventually_returns_the_first_value_that_holds() -> None:
@@ -46,3 +47,17 @@ def test_stays_passes_when_nothing_happens_for_its_whole_window() -> None:
     calls = itertools.count()
     stays(lambda: next(calls) < 0, for_=0.2, every=0.01, what="nothing")
     assert next(calls) > 5  # it kept looking for the whole window
+
+
+def test_eventually_async_awaits_its_probe_and_fails_as_eventually_does() -> None:
+    counter = itertools.count()
+
+    async def probe() -> int:
+        return next(counter)
+
+    async def scenario() -> None:
+        assert await eventually_async(probe, until=lambda n: n >= 3, within=5, what="3") == 3
+        with pytest.raises(AssertionError, match=r"waited 0.1 s for -1; last seen: \d+"):
+            await eventually_async(probe, until=lambda n: n < 0, within=0.1, what="-1")
+
+    asyncio.run(scenario())

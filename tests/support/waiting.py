@@ -13,8 +13,9 @@ exists, ``stays`` polls the condition for a bounded time and fails the moment it
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -54,9 +55,33 @@ def eventually(
             if until(value):
                 return value
             last = _shown(value)
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"waited {within:g} s for {what}; last seen: {last}")
-        time.sleep(min(every, max(0.0, deadline - time.monotonic())))
+        time.sleep(_pause(deadline, every, within, what, last))
+
+
+async def eventually_async(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    within: float,
+    what: str,
+    until: Callable[[T], object] = bool,
+    every: float = STEP_SECONDS,
+) -> T:
+    """``eventually`` for a coroutine test: awaits ``probe`` and sleeps without blocking the
+    event loop (whose callbacks may be what the test waits for)."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if until(value):
+            return value
+        await asyncio.sleep(_pause(deadline, every, within, what, _shown(value)))
+
+
+def _pause(deadline: float, every: float, within: float, what: str, last: str) -> float:
+    """How long to sleep before the next try; past the bound, the failure."""
+    now = time.monotonic()
+    if now >= deadline:
+        raise AssertionError(f"waited {within:g} s for {what}; last seen: {last}")
+    return min(every, deadline - now)
 
 
 def stays(
