@@ -5,7 +5,7 @@ beside a failing test's traceback."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -30,7 +30,17 @@ def started(workers: int = 4, **extra_env: str) -> Iterator[LiveServer]:
 
 
 def attach_log_tails(report: pytest.TestReport) -> None:
-    """Call from a conftest's ``pytest_runtest_makereport`` wrapper."""
     if report.failed:
         for server in running:
             report.sections.append((f"e2bfacade log {server.url} (tail)", server.log_tail()))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test shows the end of the logs of the servers ``started`` runs. A suite's
+    conftest imports this hook: it then holds for that directory's tests only."""
+    report = yield
+    attach_log_tails(report)
+    return report
