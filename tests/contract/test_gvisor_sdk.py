@@ -16,7 +16,7 @@ from e2b import Sandbox, SandboxException, Template
 from e2bfacade.runtime.gvisor.driver import installed
 from tests.contract.template_support import unique
 from tests.support.live_checks import sandbox_detail
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 from tests.support.runtime_support import power_cut
 from tests.support.waiting import eventually
@@ -42,11 +42,7 @@ def gvisor_server() -> Iterator[LiveServer]:
 
 @pytest.fixture
 def sdk(gvisor_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", gvisor_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", gvisor_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", gvisor_server.api_key)
+    point_sdk(monkeypatch, gvisor_server, gvisor_server.api_key)
     return gvisor_server
 
 

@@ -15,6 +15,7 @@ import pytest
 from e2b import BuildException, PtySize, Sandbox, Template, wait_for_timeout
 
 from tests.contract.template_support import q, request_build, unique
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import LiveServer
 from tests.support.waiting import eventually
 
@@ -22,11 +23,7 @@ from tests.support.waiting import eventually
 @pytest.fixture(scope="module")
 def sdk(live_server_e2b: LiveServer) -> Iterator[LiveServer]:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", live_server_e2b.url)
-        env.setenv("E2B_API_KEY", live_server_e2b.api_key)
-        env.setenv("E2B_SANDBOX_URL", live_server_e2b.sandbox_url)
+        point_sdk(env, live_server_e2b, live_server_e2b.api_key)
         yield live_server_e2b
 
 

@@ -33,7 +33,7 @@ from tests.contract.template_support import (
     upload,
     wait_build,
 )
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 from tests.support.waiting import eventually
 
@@ -72,11 +72,7 @@ def canary(server: LiveServer) -> Iterator[Path]:
 @contextlib.contextmanager
 def sandbox_of(server: LiveServer, ref: str) -> Iterator[Sandbox]:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", server.url)
-        env.setenv("E2B_API_KEY", server.api_key)
-        env.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+        point_sdk(env, server, server.api_key)
         sandbox = Sandbox.create(ref, timeout=60)
         try:
             yield sandbox

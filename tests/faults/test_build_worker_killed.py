@@ -24,6 +24,7 @@ import pytest
 from e2b import Sandbox, Template
 
 from templates.builds.worker import MAX_ATTEMPTS
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_process import REPO, WORKER_INTERVAL
 from tests.support.live_server import Deployment, Server
 from tests.support.runtime_support import power_cut
@@ -42,11 +43,7 @@ def deployment(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Deployment, Se
     env = {"TEMPLATE_BUILD_LEASE_SECONDS": str(LEASE_SECONDS)}
     with Deployment(teams=1, prefix="e2bk", extra_env=env) as dep:
         server = dep.server(lifecycle_worker=True)
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("E2B_API_URL", server.url)
-        monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
-        monkeypatch.setenv("E2B_API_KEY", dep.take_team().api_key)
+        point_sdk(monkeypatch, server, dep.take_team().api_key)
         yield dep, server
 
 

@@ -16,6 +16,7 @@ import pytest
 from e2b import Sandbox, SandboxNotRunningException
 from e2b.envd.rpc import is_transport_failure
 
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import LiveServer
 from tests.support.waiting import eventually
 
@@ -54,11 +55,7 @@ CUT_SECONDS = 4.0
 
 @pytest.fixture
 def sandbox(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", server.api_key)
+    point_sdk(monkeypatch, server, server.api_key)
     sbx = Sandbox.create(timeout=600)
     try:
         yield sbx

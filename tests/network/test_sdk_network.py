@@ -13,6 +13,7 @@ from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException
 
 from tests.network.conftest import unique_cidr
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.node_support import run_sdk_script
 from tests.support.waiting import eventually
@@ -37,11 +38,7 @@ def net_server(internet: TestInternet) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def sdk(net_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", net_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", net_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", net_server.api_key)
+    point_sdk(monkeypatch, net_server, net_server.api_key)
     return net_server
 
 

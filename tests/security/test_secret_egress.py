@@ -26,6 +26,7 @@ from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException, Se
 
 from tests.network.conftest import internet, unique_cidr  # noqa: F401 - fixture
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 
 VALUE = "sk-egress-7c2e41d9b0a5f3e8-never-in-the-sandbox"
@@ -54,11 +55,7 @@ def egress_server(internet: TestInternet) -> Iterator[LiveServer]:  # noqa: F811
 
 @pytest.fixture
 def sdk(egress_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", egress_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", egress_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", egress_server.api_key)
+    point_sdk(monkeypatch, egress_server, egress_server.api_key)
     return egress_server
 
 

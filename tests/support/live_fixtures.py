@@ -9,7 +9,13 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.support.live_server import LiveServer, ServerError, live_server, suite_database_url
+from tests.support.live_server import (
+    LiveServer,
+    Server,
+    ServerError,
+    live_server,
+    suite_database_url,
+)
 
 # The servers a suite started and that are still up: a failure report shows their logs.
 running: list[LiveServer] = []
@@ -27,6 +33,17 @@ def started(workers: int = 4, **extra_env: str) -> Iterator[LiveServer]:
                 running.remove(server)
     except ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def point_sdk(env: pytest.MonkeyPatch, server: Server, api_key: str) -> None:
+    """Point the unmodified E2B SDK at ``server`` as a user would, as ``scripts/serve.sh``
+    prints it: the API, the data plane (single-URL mode, the sandbox named by header) and
+    the team of ``api_key``. E2B_DEBUG stays unset: in debug mode the SDK skips the API."""
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        env.delenv(name, raising=False)
+    env.setenv("E2B_API_URL", server.url)
+    env.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    env.setenv("E2B_API_KEY", api_key)
 
 
 def attach_log_tails(report: pytest.TestReport) -> None:
