@@ -1,7 +1,12 @@
 """The layering of the apps, checked on the source: e2bfacade is the ground (and
-e2bfacade/runtime a Django-free library below it); idempotency and templates build on it;
-sandboxes on those; snapshots on sandboxes. No two apps may import each other both ways,
-and the runtime imports nothing of Django or of any app.
+e2bfacade/runtime a Django-free library below it); idempotency and nodes build on it;
+templates on those; sandboxes on templates; snapshots on sandboxes. No two apps may import
+each other both ways, and the runtime imports nothing of Django or of any app.
+
+nodes is the seam between the API and the hosts (docs/ARCHITECTURE.md, "Nodes: where a
+fleet layer sits"): above the ground, only it reaches the process's runtime registry
+(``e2bfacade.sandbox_runtime``, ``e2bfacade.runtime.registry``) and only it compares a row's
+host with a node's.
 
 Every ``import`` and ``from ... import`` statement counts, at module level or inside a
 function (a function-level import is still a dependency, only a later one). References by
@@ -12,12 +17,13 @@ name) are how a lower app names a higher one without importing it, and are not c
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("e2bfacade", "idempotency", "sandboxes", "snapshots", "templates")
+APPS = ("e2bfacade", "idempotency", "nodes", "sandboxes", "snapshots", "templates")
 # The lifecycle worker drives every app's periodic work by nature; it may import any app.
 EXEMPT = {Path("sandboxes/management/commands/run_worker.py")}
 RUNTIME = Path("e2bfacade/runtime")
@@ -35,12 +41,12 @@ NOT_FOR_RUNTIME = (
 )
 
 
-def _sources(directory: Path) -> Iterator[Path]:
+def _sources(directory: Path, *, exempt: set[Path] = EXEMPT) -> Iterator[Path]:
     """The Python files under ``directory`` (relative to the repository), migrations and
-    the exempt worker left out."""
+    the ``exempt`` ones (the worker, for the layers) left out."""
     for path in sorted((ROOT / directory).rglob("*.py")):
         relative = path.relative_to(ROOT)
-        if "migrations" in relative.parts or relative in EXEMPT:
+        if "migrations" in relative.parts or relative in exempt:
             continue
         yield relative
 
@@ -83,8 +89,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("snapshots",),
     ("sandboxes",),
     ("templates",),
-    # Generic: the apps whose creates honour an Idempotency-Key register with it.
-    ("idempotency",),
+    # Generic: the apps whose creates honour an Idempotency-Key register with it. And the
+    # nodes seam: which host holds a sandbox and the runtime that acts there (templates
+    # build on it too: their images and build sandboxes are a node's).
+    ("idempotency", "nodes"),
     ("e2bfacade",),
 )
 
@@ -111,7 +119,7 @@ def test_no_two_apps_import_each_other() -> None:
 
 
 def test_the_runtime_imports_nothing_of_django_or_of_the_apps() -> None:
-    offending = []
+    offending: list[str] = []
     for relative in _sources(RUNTIME):
         for line, name in _imports(relative):
             top = name.split(".", 1)[0]
@@ -125,3 +133,75 @@ def test_the_runtime_imports_nothing_of_django_or_of_the_apps() -> None:
     assert not offending, "e2bfacade/runtime must stay a Django-free library:\n" + "\n".join(
         offending
     )
+
+
+# The nodes seam, and what reaches the process's runtime registry below it: the registry
+# itself and the metering it wraps every runtime in, the settings that check the driver's
+# name, the configured driver class's declared capabilities (no runtime is built) and the
+# readiness probe of this process's runtime.
+SEAM = Path("nodes")
+RUNTIME_REGISTRY = ("e2bfacade.sandbox_runtime", "e2bfacade.runtime.registry")
+REGISTRY_PLUMBING = {
+    Path("e2bfacade/sandbox_runtime.py"),
+    Path("e2bfacade/observability.py"),
+    Path("e2bfacade/settings.py"),
+    Path("e2bfacade/capabilities.py"),
+    Path("e2bfacade/views.py"),
+}
+# A name for the registry in any form: an import, a dotted string, a call.
+REGISTRY_TEXT = re.compile(r"\bget_runtime\b|e2bfacade\.sandbox_runtime\b|\bruntime\.registry\b")
+
+
+def _registry_uses(relative: Path) -> Iterator[str]:
+    for line, name in _imports(relative):
+        if any(name == m or name.startswith(m + ".") for m in RUNTIME_REGISTRY):
+            yield f"{relative}:{line} imports {name}"
+    for number, text in enumerate((ROOT / relative).read_text().splitlines(), 1):
+        if REGISTRY_TEXT.search(text):
+            yield f"{relative}:{number}: {text.strip()}"
+
+
+def test_only_the_nodes_seam_reaches_the_runtime_registry() -> None:
+    offending: list[str] = []
+    for app in APPS:
+        for relative in _sources(Path(app), exempt=set()):  # the worker included
+            if relative.is_relative_to(SEAM) or relative.is_relative_to(RUNTIME):
+                continue
+            if relative not in REGISTRY_PLUMBING:
+                offending += _registry_uses(relative)
+    assert not offending, (
+        "ask nodes.selectors for a node's runtime (runtime_for, sandbox_runtime, "
+        "local_runtime), never the registry:\n" + "\n".join(offending)
+    )
+    # The scan sees what it looks for: the seam itself asks the registry.
+    assert any(_registry_uses(Path("nodes/selectors.py")))
+
+
+def _host_comparisons(relative: Path) -> Iterator[str]:
+    """``row.host == …``, ``… != runtime.host_id``, ``h in ("", node.host_id)``: a row's
+    host compared with a node's (``.host`` of a row, ``.host_id`` of a runtime or a node)."""
+    tree = ast.parse((ROOT / relative).read_text(), filename=str(relative))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides: list[ast.expr] = []
+        for side in [node.left, *node.comparators]:
+            sides += side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+        named = any(
+            isinstance(side, ast.Attribute) and side.attr in ("host", "host_id") for side in sides
+        )
+        if named and not all(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            yield f"{relative}:{node.lineno}: {ast.unparse(node)}"
+
+
+def test_only_the_nodes_seam_compares_a_row_host_with_a_node() -> None:
+    offending: list[str] = []
+    for app in APPS:
+        for relative in _sources(Path(app), exempt=set()):
+            if not (relative.is_relative_to(SEAM) or relative.is_relative_to(RUNTIME)):
+                offending += _host_comparisons(relative)
+    assert not offending, (
+        "whether a row is this node's is the seam's to say (nodes.selectors: node_for_sandbox, "
+        "node_for_volume, is_local, node_named):\n" + "\n".join(offending)
+    )
+    assert any(_host_comparisons(Path("nodes/selectors.py")))

@@ -42,6 +42,27 @@ def unique_port() -> int:
     return 40000 + (os.getpid() * 31 + next(_cidrs)) % 9000
 
 
+# The drivers a live server of these suites runs its sandboxes on (SANDBOX_RUNTIME): the
+# egress proxy, its TLS interception and its SOCKS tunnels are the host's, but what reaches
+# them comes from a different network stack on each (the kernel's; gVisor's netstack).
+LIVE_DRIVERS = ("local", "gvisor")
+
+
+def live_driver_env(driver: str) -> dict[str, str]:
+    """A live server's environment for ``driver``; skips where gVisor's runsc is missing."""
+    from e2bfacade.runtime.gvisor.driver import installed
+
+    if driver == "gvisor" and not installed():
+        pytest.skip("gvisor: runsc is not installed on this host")
+    return {"SANDBOX_RUNTIME": driver}
+
+
+def assert_runs_on(driver: str, cmdline: str) -> None:
+    """``cmdline`` (a guest's /proc/cmdline) is gVisor's exactly when ``driver`` is: the
+    server did make its sandboxes with the driver the test names."""
+    assert ("gvisor" in cmdline) == (driver == "gvisor"), (driver, cmdline)
+
+
 @pytest.fixture(scope="session")
 def internet() -> Iterator[TestInternet]:
     with TestInternet() as net:

@@ -5,7 +5,7 @@ The local runtime's session fixtures (tests/runtime/conftest.py) are shared.
 Every attack made through the ``runtime`` fixture runs once per driver: ``[local]`` (the
 local driver, exactly as before) and ``[gvisor]`` (the same attack from inside gVisor;
 skipped where runsc is missing). A test that holds for one driver only says so, for the
-other, with :func:`only_on` or an xfail naming the hole."""
+other, with :func:`tests.security.drivers.only_on` or an xfail naming the hole."""
 
 from __future__ import annotations
 

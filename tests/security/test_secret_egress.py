@@ -4,7 +4,10 @@ environment, its files, its processes, what the proxy relays back), not another 
 (a redirect, a second request on the same connection, a name the guest points at an
 address of its choosing, a CONNECT through the proxy). Through the unmodified Python SDK
 against a live server whose uplink is the suite's test internet, whose web servers answer
-``/headers`` with every header they got and its SHA-256 (tests/support/internet.py)."""
+``/headers`` with every header they got and its SHA-256 (tests/support/internet.py). Each
+test runs on both drivers (``[local]``, ``[gvisor]``): the proxy is the host's either way,
+but the guest's requests, its trust store and the divert start in a different network
+stack."""
 
 from __future__ import annotations
 
@@ -24,7 +27,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException, Secret
 
-from tests.network.conftest import internet, unique_cidr  # noqa: F401 - fixture
+from tests.network.conftest import (  # noqa: F401 - fixture
+    LIVE_DRIVERS,
+    assert_runs_on,
+    internet,
+    live_driver_env,
+    unique_cidr,
+)
 from tests.support.internet import TestInternet
 from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
@@ -37,10 +46,14 @@ OTHER_HOST = "other.example"  # 203.0.113.30
 OTHER_ADDRESS = "203.0.113.30"
 
 
-@pytest.fixture(scope="module")
-def egress_server(internet: TestInternet) -> Iterator[LiveServer]:  # noqa: F811
+@pytest.fixture(scope="module", params=LIVE_DRIVERS)
+def egress_server(
+    request: pytest.FixtureRequest,
+    internet: TestInternet,  # noqa: F811
+) -> Iterator[LiveServer]:
     suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
     env = {
+        **live_driver_env(request.param),
         "SANDBOX_UPLINK": internet.uplink,
         "SANDBOX_UPLINK_GATEWAY": internet.gateway,
         "SANDBOX_NETWORK_CIDR": unique_cidr(),
@@ -98,7 +111,7 @@ def secret_name(sdk: LiveServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def sandbox(secret_name: str) -> Iterator[Sandbox]:
+def sandbox(sdk: LiveServer, secret_name: str) -> Iterator[Sandbox]:
     sbx = Sandbox.create(
         network={
             "allow_out": [RULE_HOST, OTHER_HOST],
@@ -106,6 +119,7 @@ def sandbox(secret_name: str) -> Iterator[Sandbox]:
             "rules": rules(secret_name),
         },
     )
+    assert_runs_on(sdk.env["SANDBOX_RUNTIME"], run(sbx, "cat /proc/cmdline"))
     yield sbx
     sbx.kill()
 
