@@ -18,6 +18,9 @@ from e2bfacade.startup import is_insecure_secret_key
 from tests.support.factories import ApiKeyFactory, TeamFactory
 from tests.support.runtime_support import session_sandbox_root
 
+# kill_later and delete_template_later, for the suites that drive a live server.
+pytest_plugins = ["tests.support.cleanup"]
+
 # The service refuses the built-in, public SECRET_KEY and derives no encryption key from it
 # (e2bfacade/startup.py). Unless the environment brings a real one, the suite makes its own:
 # for this process's settings (pytest-django loaded them before this file) and, through

@@ -6,7 +6,6 @@ it; what the SDK hides (statuses, headers, body shapes) is checked in test_http_
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +24,7 @@ from e2b import (
 from packaging.version import Version
 
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 # Clock slack between the server's "now" and ours (same machine) plus request latency.
 SLACK = timedelta(seconds=3)
@@ -390,16 +390,6 @@ def test_another_team_cannot_see_or_touch_our_sandbox(
 
 
 # ---------------------------------------------------------------------------- lifecycle
-def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    """Poll ``check`` until it holds (the lifecycle worker acts within a tick of endAt)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 @pytest.mark.sqlite_smoke
 def test_a_sandbox_is_killed_when_its_timeout_passes(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(timeout=1)
@@ -411,7 +401,8 @@ def test_a_sandbox_is_killed_when_its_timeout_passes(make_sandbox: MakeSandbox) 
             return True
         return False
 
-    assert eventually(gone), "the sandbox outlived its timeout"
+    # The lifecycle worker acts within a tick of endAt.
+    eventually(gone, within=10, every=0.1, what="the sandbox killed at its timeout")
     assert Sandbox.kill(sandbox.sandbox_id) is False
 
 
@@ -421,7 +412,12 @@ def test_a_shortened_timeout_kills_the_sandbox_at_the_new_end_time(
     sandbox = make_sandbox(timeout=600)
     sandbox.set_timeout(1)
 
-    assert eventually(lambda: Sandbox.kill(sandbox.sandbox_id) is False)
+    eventually(
+        lambda: Sandbox.kill(sandbox.sandbox_id) is False,
+        within=10,
+        every=0.1,
+        what="the sandbox killed at its new end time",
+    )
 
 
 def test_a_sandbox_created_to_pause_on_timeout_is_paused_then_resumed_by_connect(
@@ -430,7 +426,13 @@ def test_a_sandbox_created_to_pause_on_timeout_is_paused_then_resumed_by_connect
     sandbox = make_sandbox(timeout=1, lifecycle={"on_timeout": "pause"})
     assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
 
-    assert eventually(lambda: sandbox.get_info().state == SandboxState.PAUSED)
+    eventually(
+        lambda: sandbox.get_info().state,
+        until=lambda state: state == SandboxState.PAUSED,
+        within=10,
+        every=0.1,
+        what="the sandbox paused at its timeout",
+    )
 
     Sandbox.connect(sandbox.sandbox_id, timeout=60)
     info = sandbox.get_info()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.support import live_checks as lc
-from tests.support.live_fixtures import attach_log_tails, started
+from tests.support.live_fixtures import pytest_runtest_makereport, started  # noqa: F401 - hook
 from tests.support.live_server import Deployment, LiveServer, Server
 
 # SIGKILL the process that reaches the point; or raise a runtime error there; or drop the
@@ -93,15 +93,6 @@ def create(http: httpx.Client, tag: str) -> str:
     )
     assert response.status_code == 201, response.text
     return str(response.json()["sandboxID"])
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    attach_log_tails(report)
-    return report
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -27,7 +26,7 @@ from tests.contract.template_support import (
     wait_build,
 )
 from tests.support.live_server import Deployment, Server, cleanup_runtime
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, stays
 
 
 @pytest.fixture
@@ -112,13 +111,17 @@ def test_a_build_is_run_by_the_host_that_received_it_never_by_another() -> None:
                 assert trigger(http, tid, bid, spec).status_code == 202
                 # B is woken by the trigger: its worker must leave A's build alone (its
                 # archive is on A), not claim it and fail it "never uploaded".
-                time.sleep(5)
-                row = dep.query(
-                    "SELECT status, lease_owner, host FROM templates_templatebuild "
-                    "WHERE build_id = %s",
-                    (bid,),
-                )
-                assert row == [("building", "", LocalRuntime(a.sandbox_root).host_id)], row
+                untouched = [("building", "", LocalRuntime(a.sandbox_root).host_id)]
+
+                def touched() -> list[tuple[object, ...]] | None:
+                    row = dep.query(
+                        "SELECT status, lease_owner, host FROM templates_templatebuild "
+                        "WHERE build_id = %s",
+                        (bid,),
+                    )
+                    return None if row == untouched else row
+
+                stays(touched, for_=5, every=0.2, what="a change to A's waiting build")
                 # A's own worker runs it.
                 a.lifecycle_worker = True
                 a.restart(crash=False)

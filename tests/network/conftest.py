@@ -4,12 +4,10 @@ here reaches any network but loopback and the namespaces made here."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
 from tests.support.live_server import listening
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 _cidrs = itertools.count((os.getpid() * 13) % 900)
@@ -89,12 +88,12 @@ def start_egress(root: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115
     )
-    deadline = time.monotonic() + 60
-    while proxy.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            if listening(proxy.pid):
-                break
-        time.sleep(0.05)
+    eventually(
+        lambda: proxy.poll() is not None or listening(proxy.pid),
+        within=60,
+        what="the egress proxy listening (or exited)",
+        ignoring=(OSError,),
+    )
     return proxy
 
 

@@ -19,6 +19,7 @@ from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, Secret
 
 from tests.network.conftest import LIVE_DRIVERS, assert_runs_on, live_driver_env, unique_cidr
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.socks import ONLY_HERE, Dante
 
@@ -52,11 +53,7 @@ def socks(internet: TestInternet) -> Iterator[Dante]:
 
 @pytest.fixture
 def sdk(proxy_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", proxy_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", proxy_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", proxy_server.api_key)
+    point_sdk(monkeypatch, proxy_server, proxy_server.api_key)
     return proxy_server
 
 

@@ -41,6 +41,7 @@ from e2bfacade.runtime.base import (
     Stream,
 )
 from e2bfacade.runtime.guest import run_process
+from tests.support.waiting import eventually
 
 # Drivers built on the local driver's host layer (the root's layout and records, images,
 # disks, cgroups): what they share is tested once, on "local"; a test marked ``sandboxer``
@@ -343,9 +344,13 @@ def test_a_pty_process_has_a_terminal_of_the_asked_size(
     reader = threading.Thread(target=lambda: chunks.extend(d for _, d in proc.output()))
     reader.start()
     try:
-        deadline = time.monotonic() + 5
-        while b"24 80" not in b"".join(chunks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: b"".join(chunks),
+            until=lambda out: b"24 80" in out,
+            within=10,
+            every=0.01,
+            what="the first size printed",
+        )
         proc.resize(PtySize(cols=100, rows=30))
         proc.write_stdin(b"typed\n")
         assert proc.wait(timeout=10).exit_code == 0

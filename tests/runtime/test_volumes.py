@@ -36,8 +36,9 @@ from e2bfacade.runtime.volumes import (
     VolumeNotFound,
 )
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import MiB, ok, sh, wait_until
+from tests.runtime.helpers import MiB, ok, sh
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 GUEST_USER = 1000
 
@@ -445,7 +446,12 @@ def test_a_power_cut_and_a_new_runtime_keep_volumes_and_teardown_leaves_nothing(
         restarted.create(with_volumes("vpnew", (volume_id, "/n")))
         assert ok(restarted, "vpnew", "cat /n/f") == "before\nafter\n"
         os.kill(restarted.status("vpnew").init_pid, signal.SIGKILL)  # its own crash
-        assert wait_until(lambda: restarted.status("vpnew").state is SandboxState.PAUSED, 5)
+        eventually(
+            lambda: restarted.status("vpnew").state,
+            until=lambda s: s is SandboxState.PAUSED,
+            within=5,
+            what="the crashed sandbox kept as paused",
+        )
         restarted.resume("vpnew")
         assert ok(restarted, "vpnew", "stat -c %U /n/f") == "user\n"
         restarted.discard_spares()

@@ -13,8 +13,9 @@ import pytest
 
 from e2bfacade.runtime.base import CreateRefused, SandboxSpec, SandboxState
 from e2bfacade.runtime.local import HostRuntime
-from tests.runtime.helpers import MiB, buried, loop_backings, ok, run, wait_until
+from tests.runtime.helpers import MiB, buried, loop_backings, ok, run
 from tests.security.drivers import is_gvisor
+from tests.support.waiting import eventually
 
 # gvisor: runsc gives /dev a tmpfs of its own, sized by the host's memory (12 GiB here),
 # whatever size the bundle asks; filling it reaches the sandbox's memory limit, whose OOM
@@ -143,6 +144,15 @@ def test_in_memory_mounts_are_sized_and_charged_to_the_sandbox(
     assert runtime.metrics(sandbox_id).mem_used - before >= 32 * MiB
 
 
+def loop_gone(sandbox_id: str) -> None:
+    eventually(
+        lambda: [b for b in loop_backings() if sandbox_id in b],
+        until=lambda backings: not backings,
+        within=5,
+        what="the sandbox's loop device detached",
+    )
+
+
 @pytest.mark.sandboxer
 def test_killing_a_sandbox_removes_its_disk_and_loop_device(
     runtime: HostRuntime, sandbox_id: str
@@ -155,9 +165,9 @@ def test_killing_a_sandbox_removes_its_disk_and_loop_device(
     assert runtime.kill(sandbox_id)
     assert not d.exists()
     # The disk goes in the background, a moment after kill returns.
-    assert wait_until(lambda: not any(sandbox_id in b for b in loop_backings())), loop_backings()
+    loop_gone(sandbox_id)
     assert sandbox_id not in Path("/proc/self/mountinfo").read_text()
-    assert buried(runtime, sandbox_id)
+    buried(runtime, sandbox_id)
 
 
 @pytest.mark.sandboxer
@@ -167,15 +177,17 @@ def test_a_crashed_sandbox_s_disk_is_kept_until_it_is_killed(
     info = runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256, disk_mb=64))
     d = runtime.root / "sandboxes" / sandbox_id
     os.kill(info.init_pid, signal.SIGKILL)
-    for _ in range(200):
-        if runtime.status(sandbox_id).state is SandboxState.PAUSED:
-            break
-        os.sched_yield()
+    eventually(
+        lambda: runtime.status(sandbox_id).state,
+        until=lambda s: s is SandboxState.PAUSED,
+        within=5,
+        what="the crashed sandbox kept as paused",
+    )
     assert sandbox_id not in runtime.sweep()
     assert (d / "disk.img").exists()  # the guest's files: data, never swept
     assert runtime.kill(sandbox_id) is True
     assert not d.exists()
-    assert wait_until(lambda: not any(sandbox_id in b for b in loop_backings())), loop_backings()
+    loop_gone(sandbox_id)
 
 
 def test_a_disk_larger_than_the_host_or_smaller_than_a_file_system_is_refused(

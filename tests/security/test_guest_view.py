@@ -13,8 +13,9 @@ import pytest
 
 from e2bfacade.runtime.base import GuestFileError, SandboxSpec
 from e2bfacade.runtime.local import HostRuntime
-from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
+from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.sandboxer
 
@@ -37,8 +38,9 @@ def test_the_guests_init_agent_and_commands_have_umask_0022(
     # gvisor: the init and the agent are tasks of gVisor's kernel, not host processes, and
     # its /proc/<pid>/status has no Umask line; what they hand on is what a command gets.
     if not is_gvisor(runtime):
-        assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
-        agent = agents()
+        agent = eventually(  # named once it runs
+            agents, until=lambda a: len(a) == 1, within=5, what="the agent named"
+        )
         assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
     assert ok(runtime, sandbox_id, "umask").strip() == "0022"
     assert ok(runtime, sandbox_id, "umask", user="user").strip() == "0022"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -31,6 +30,7 @@ from e2bfacade.runtime.local.teardown import teardown_root
 from tests.network.conftest import internet, network_config  # noqa: F401 - fixture
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 from tests.support.internet import TestInternet
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.sandboxer
 
@@ -90,14 +90,13 @@ def serving(served: HostRuntime) -> Iterator[tuple[HostRuntime, str, Link]]:
     rt.create(SandboxSpec(sid, BUILTIN_IMAGE, network=NetworkPolicy()))
     try:
         rt.guest(sid).start_process(ProcessSpec(("python3", "-c", SERVE), user="user")).close()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                rt.guest(sid).connect_port(PORT, timeout=1).close()
-                break
-            except GuestFileError:
-                assert time.monotonic() < deadline, "the guest's server never came up"
-                time.sleep(0.1)
+        eventually(
+            lambda: rt.guest(sid).connect_port(PORT, timeout=1),
+            within=20,
+            every=0.1,
+            what="the guest's server up",
+            ignoring=(GuestFileError,),
+        ).close()
         yield rt, sid, link_of(rt, sid)
     finally:
         rt.kill(sid)

@@ -22,8 +22,9 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.guest import run_process
 from e2bfacade.runtime.local import HostRuntime, LocalRuntime
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
-from tests.runtime.helpers import buried, cgroup_file, cgroup_pids, ok, run, wait_until
+from tests.runtime.helpers import buried, cgroup_file, cgroup_pids, ok, run
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
+from tests.support.waiting import eventually
 
 # Deeper than the host's descriptor limit and far beyond Python's recursion limit: a walk
 # that recursed, or held a descriptor per level, fails on it.
@@ -94,7 +95,7 @@ def test_a_deep_tree_of_special_files_is_snapshotted_measured_and_killed_complet
     assert runtime.kill(sandbox_id) is True
     assert time.monotonic() - started < 60
     assert not (runtime.root / "sandboxes" / sandbox_id).exists()
-    assert buried(runtime, sandbox_id, timeout=60)
+    buried(runtime, sandbox_id, timeout=60)
     runtime.delete_image(snap)
     assert not [p for p in (runtime.root / "images").iterdir() if snap in p.name]
 
@@ -215,7 +216,12 @@ def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_n
     bomb = "timeout 600 bash -c ':(){ :|:& };:' 2>/dev/null & echo started"
     started = run_process(runtime.guest(sandbox_id), ProcessSpec(("sh", "-c", bomb), timeout=3))
     assert started.stdout == b"started\n"
-    assert wait_until(lambda: len(cgroup_pids(runtime, sandbox_id)) > 200, timeout=20)
+    eventually(
+        lambda: len(cgroup_pids(runtime, sandbox_id)),
+        until=lambda n: n > 200,
+        within=20,
+        what="the bomb past 200 pids",
+    )
     time.sleep(3)  # the command's lifetime is over
 
     # The next command finds no pid, and that ends what outlived its lifetime: the sandbox
@@ -224,7 +230,7 @@ def test_a_fork_bomb_that_outlived_its_commands_lifetime_ends_when_the_sandbox_n
         answered = _answers(runtime, sandbox_id)  # a command may slip into a freed pid
         return answered and len(cgroup_pids(runtime, sandbox_id)) < 8
 
-    assert wait_until(recovered, timeout=60, step=0.5)
+    eventually(recovered, within=60, every=0.5, what="the sandbox answering again")
     assert ok(runtime, sandbox_id, "echo recovered") == "recovered\n"
 
 
@@ -238,7 +244,10 @@ def test_what_a_command_leaves_behind_outlives_its_lifetime_as_on_e2b(
     daemons = "setsid sleep 300 >/dev/null 2>&1 & sleep 301 >/dev/null 2>&1 & echo started"
     started = ProcessSpec(("sh", "-c", daemons), timeout=2)
     assert run_process(runtime.guest(sandbox_id), started).stdout == b"started\n"
-    time.sleep(3)
+    # The event that its lifetime is over: a later command of the same lifetime, still
+    # running, is ended by it.
+    later = run_process(runtime.guest(sandbox_id), ProcessSpec(("sleep", "60"), timeout=2))
+    assert later.exit_code != 0, later
     assert ok(runtime, sandbox_id, "ps -e -o args=").count("sleep 30") == 2
 
 
@@ -255,7 +264,13 @@ def test_orphans_that_end_while_their_command_runs_are_reaped_at_once(
     try:
         first = next(iter(proc.output()))
         assert first[1] == b"spawned\n"
-        assert wait_until(lambda: _pids_charged(runtime, sandbox_id) < 16, timeout=10, step=0.2)
+        eventually(
+            lambda: _pids_charged(runtime, sandbox_id),
+            until=lambda n: n < 16,
+            within=10,
+            every=0.2,
+            what="the orphans reaped",
+        )
         assert _answers(runtime, sandbox_id)
     finally:
         proc.send_signal(9)

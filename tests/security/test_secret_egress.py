@@ -35,6 +35,7 @@ from tests.network.conftest import (  # noqa: F401 - fixture
     unique_cidr,
 )
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 
 VALUE = "sk-egress-7c2e41d9b0a5f3e8-never-in-the-sandbox"
@@ -67,11 +68,7 @@ def egress_server(
 
 @pytest.fixture
 def sdk(egress_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", egress_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", egress_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", egress_server.api_key)
+    point_sdk(monkeypatch, egress_server, egress_server.api_key)
     return egress_server
 
 
