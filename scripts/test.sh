@@ -135,8 +135,7 @@ else
     # run side by side, each pytest in its own process with its own database and sandbox
     # roots (every test makes its own; nothing is shared but the host). The lines are
     # balanced by their measured times (docs/performance.md, "The suite"); SQLite's is the
-    # shortest, so the third line runs PostgreSQL's faults, the short soak and the fleet
-    # (tests/fleet: its test bed of three hosts) after it.
+    # shortest, so the third line runs PostgreSQL's faults and the short soak after it.
     # Every line's output is printed whole once it ends.
     pg=postgres://postgres@127.0.0.1:5432
     pg_1=(tests/codeinterpreter tests/network tests/security tests/browser)
@@ -144,7 +143,7 @@ else
         tests/api tests/contract tests/fuzz tests/idempotency tests/ops tests/retry
         tests/runtime tests/test_*.py
     )
-    pg_3=(tests/faults tests/soak tests/fleet)
+    pg_3=(tests/faults tests/soak)
     line_3() {
         local status=0
         DATABASE_URL="$sqlite_url" .venv/bin/pytest "${sqlite_only[@]}" tests || status=$?
@@ -173,11 +172,21 @@ else
         cat "$logs/${name//[^A-Za-z0-9]/_}.log" || true
         ((status == 0)) || failed+=("$name (exit $status)")
     done
-    # It restarts the machine's one PostgreSQL cluster: alone, once every other part is done.
-    log "pytest on PostgreSQL, alone: a restart of the database server under traffic"
+    # Once every other part is done, side by side: the restart of the machine's one
+    # PostgreSQL cluster, which no other test may see, and the fleet (tests/fleet), whose
+    # test bed of three hosts holds three of the machine's 15 blocks of host ids, which the
+    # lines' roots need at their peak. The bed has a PostgreSQL of its own.
+    log "pytest, alone: a restart of the database server under traffic, and the fleet"
+    (DATABASE_URL="$pg/e2bfacade_1" .venv/bin/pytest tests/fleet >"$logs/fleet.log" 2>&1) &
+    fleet_pid=$!
     DATABASE_URL="$pg/e2bfacade_3" E2BFACADE_TEST_PG_RESTART=1 \
         .venv/bin/pytest tests/faults/test_postgres_restart.py \
         || failed+=("PostgreSQL restart (exit $?)")
+    status=0
+    wait "$fleet_pid" || status=$?
+    log "---- the fleet (exit $status)"
+    cat "$logs/fleet.log" || true
+    ((status == 0)) || failed+=("fleet (exit $status)")
 fi
 
 teardown_run_root
