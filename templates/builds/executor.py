@@ -157,6 +157,7 @@ class Execution:
         self.disk_used: int | None = None
         self.sandbox_image = ""
         self.current = "base"  # the step running: where a failure is reported
+        self.made_final = False  # whether the final image is this build's (not a cache hit)
 
     # ----------------------------------------------------------------------- the phases
     def run(self) -> Result:
@@ -226,7 +227,7 @@ class Execution:
                 layer = Layer(self._capture(self._image_id("tl", cache_key)), ctx)
                 report.remember(cache_key, layer)
         result = self._finalize(layer, final_key, final_cache_key)
-        if cache is not None:
+        if cache is not None and self.made_final:  # not a past build's, from the layer cache
             cache.keep_build(final_cache_key, result.image_id, self.plan.build_id)
         return result
 
@@ -307,6 +308,7 @@ class Execution:
             image_id = self.runtime.squash_image(image_id, squashed).image_id
             self._admit(image_id, made=made)
         report.remember(cache_key, Layer(image_id, ctx))
+        self.made_final = True
         return Result(image_id, ctx)
 
     # ------------------------------------------------------------------------ the steps
