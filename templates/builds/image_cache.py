@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # of the manifest and the archives: another value is another key
+FORMAT = 2  # of the manifest and the archives: another value is another key
 REPO = Path(__file__).resolve().parent.parent.parent
 # The code that shapes an image: the runtime (base's recipe, how a step's files are captured
 # and an image stored) and the builder (the steps' scripts, the phases, this cache).
@@ -313,9 +313,8 @@ class ImageCache:
             )
 
     def log(self, cache_key: str) -> list[str]:
-        """The log of the build that made the entry (empty when there is none)."""
-        path = self.entry(cache_key) / "build.log"
-        return path.read_text().splitlines() if path.is_file() else []
+        """The log of the build that made the entry, a message per item."""
+        return read_log(self.entry(cache_key))
 
     def _checked(self, entry: Path, cache_key: str) -> dict[str, Any]:
         try:
@@ -399,9 +398,8 @@ class ImageCache:
                         if i in names
                     ],
                 }
-                (work / "build.log").write_text(
-                    "".join(f"{line}\n" for line in log[-MAX_LOG_LINES:])
-                )
+                # A JSON list: a log message may hold several lines (a RUN step's header).
+                (work / "build-log.json").write_text(json.dumps(log[-MAX_LOG_LINES:]))
                 (work / "manifest.json").write_text(json.dumps(manifest))
                 shutil.rmtree(entry, ignore_errors=True)  # a removed entry's rest, if any
                 os.rename(work, entry)
@@ -457,6 +455,12 @@ def for_build(
         base=base,
         internet=internet,
     )
+
+
+def read_log(entry: Path) -> list[str]:
+    """The log an entry keeps of the build that made it (empty when it keeps none)."""
+    path = entry / "build-log.json"
+    return [str(m) for m in json.loads(path.read_text())] if path.is_file() else []
 
 
 def prune() -> list[Path]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from templates.builds import image_cache
 from tests.codeinterpreter.conftest import CiBuild, host_site_packages
 from tests.support.live_database import query
 from tests.support.live_server import manage
@@ -60,8 +61,7 @@ def _making_log(build: CiBuild, log: list[str]) -> list[str]:
         return log
     assert not any(m.startswith("[builder ") and "[stdout]" in m for m in log), log[:40]
     entry = restored[0].split(said, 1)[1].split(",", 1)[0]
-    kept = _image_cache_dir(build.server.env) / entry / "build.log"
-    return kept.read_text().splitlines()
+    return image_cache.read_log(_image_cache_dir(build.server.env) / entry)
 
 
 def test_code_interpreter_v1_is_built_by_the_template_pipeline_in_a_build_sandbox(
