@@ -54,7 +54,7 @@ from bench.runtime_bench import meminfo  # noqa: E402
 from bench.stats import figure, percentile  # noqa: E402
 from e2bfacade.runtime.base import ProcessSpec, RuntimeConflict, SandboxSpec  # noqa: E402
 from e2bfacade.runtime.guest import run_process  # noqa: E402
-from e2bfacade.runtime.local import LocalRuntime, lxcfs  # noqa: E402
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime, lxcfs  # noqa: E402
 from e2bfacade.runtime.local.net.network import digest_of  # noqa: E402
 
 MiB = 1024 * 1024
@@ -117,18 +117,18 @@ def quietly(fn: Callable[..., Any], *args: Any) -> None:
         pass
 
 
-def run(rt: LocalRuntime, sid: str, *argv: str) -> Any:
+def run(rt: HostRuntime, sid: str, *argv: str) -> Any:
     return run_process(rt.guest(sid), ProcessSpec(tuple(argv), timeout=30))
 
 
-def run_true(rt: LocalRuntime, sid: str) -> None:
+def run_true(rt: HostRuntime, sid: str) -> None:
     """``commands.run("true")`` as the data plane serves it: the guest resolved per request."""
     result = run_process(rt.guest(sid), ProcessSpec(("true",)))
     if result.exit_code != 0:
         raise RuntimeError(f"true in {sid}: exit {result.exit_code}")
 
 
-def expect_ok(rt: LocalRuntime, sid: str, *argv: str) -> None:
+def expect_ok(rt: HostRuntime, sid: str, *argv: str) -> None:
     result = run(rt, sid, *argv)
     if result.exit_code != 0:
         raise RuntimeError(
@@ -137,7 +137,7 @@ def expect_ok(rt: LocalRuntime, sid: str, *argv: str) -> None:
         )
 
 
-def start_background(rt: LocalRuntime, sid: str, code: str) -> None:
+def start_background(rt: HostRuntime, sid: str, code: str) -> None:
     """Start ``python3 -c code`` in the sandbox, unlimited in time, and let go of it."""
     rt.guest(sid).start_process(ProcessSpec(("python3", "-c", code), timeout=None)).close()
 
@@ -154,7 +154,7 @@ def tree_bytes(path: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- phases
-def lifecycle(rt: LocalRuntime, res: Result, n: int, budget: float) -> None:
+def lifecycle(rt: HostRuntime, res: Result, n: int, budget: float) -> None:
     deadline = time.monotonic() + budget
     for i in range(n):
         if time.monotonic() > deadline:
@@ -177,7 +177,7 @@ def lifecycle(rt: LocalRuntime, res: Result, n: int, budget: float) -> None:
         quietly(rt.delete_image, image)
 
 
-def hold_64mib(rt: LocalRuntime, res: Result, n: int, budget: float, mib: int) -> None:
+def hold_64mib(rt: HostRuntime, res: Result, n: int, budget: float, mib: int) -> None:
     """Pause/resume cycles of one sandbox holding ``mib`` MiB in a python3 process."""
     sid = "b64"
     try:
@@ -211,7 +211,7 @@ def hold_64mib(rt: LocalRuntime, res: Result, n: int, budget: float, mib: int) -
     quietly(rt.kill, sid)
 
 
-def memory_snapshots(rt: LocalRuntime, res: Result, rounds: int, forks: int, budget: float) -> None:
+def memory_snapshots(rt: HostRuntime, res: Result, rounds: int, forks: int, budget: float) -> None:
     """``rounds`` memory snapshots of a running sandbox, each with ``forks`` forks."""
     deadline = time.monotonic() + budget
     for r in range(rounds):
@@ -243,7 +243,7 @@ def memory_snapshots(rt: LocalRuntime, res: Result, rounds: int, forks: int, bud
         quietly(rt.delete_image, image)
 
 
-def idle_memory(rt: LocalRuntime, res: Result, count: int, budget: float) -> None:
+def idle_memory(rt: HostRuntime, res: Result, count: int, budget: float) -> None:
     """Per round of ``count`` idle sandboxes: MemAvailable drop per sandbox, and the sum of
     their cgroups' memory usage (and per sandbox)."""
     deadline = time.monotonic() + budget
@@ -284,7 +284,7 @@ def idle_memory(rt: LocalRuntime, res: Result, count: int, budget: float) -> Non
 
 
 # ---------------------------------------------------------------------------- drivers
-def make_runtime(driver: str) -> LocalRuntime:
+def make_runtime(driver: str) -> HostRuntime:
     prefix = {"local": "e2bbl-", "gvisor": "e2bbg-"}[driver]
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
@@ -298,7 +298,7 @@ def make_runtime(driver: str) -> LocalRuntime:
         raise
 
 
-def cleanup(rt: LocalRuntime) -> None:
+def cleanup(rt: HostRuntime) -> None:
     """Kill every sandbox of ``rt``, its daemons and groups, and delete its root (as
     tests/runtime/conftest.py's destroy_runtime)."""
     quietly(rt.discard_spares)
@@ -335,7 +335,7 @@ def cleanup(rt: LocalRuntime) -> None:
     shutil.rmtree(rt.root, ignore_errors=True)
 
 
-def leftovers(rt: LocalRuntime, digest: str) -> list[str]:
+def leftovers(rt: HostRuntime, digest: str) -> list[str]:
     """What of ``rt`` is still on the host after :func:`cleanup`: its root, its groups,
     mounts under its root, processes naming its root or its digest (runsc's container ids
     carry it)."""
@@ -360,7 +360,7 @@ def leftovers(rt: LocalRuntime, digest: str) -> list[str]:
     return left
 
 
-def measure(driver: str, rt: LocalRuntime, res: Result, args: argparse.Namespace) -> None:
+def measure(driver: str, rt: HostRuntime, res: Result, args: argparse.Namespace) -> None:
     checked(res, "setup", rt.ensure_base_image)
     # Warm-up, not measured: compiles the helper, starts its daemon, warms caches.
     for i in range(2):

@@ -36,7 +36,9 @@ from e2bfacade.runtime.base import (  # noqa: E402
     SandboxSpec,
 )
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime  # noqa: E402
+from e2bfacade.runtime.local import LocalRuntime, lxcfs  # noqa: E402
+from e2bfacade.runtime.local.net import accounts  # noqa: E402
+from e2bfacade.runtime.local.net.network import digest_of  # noqa: E402
 from e2bfacade.runtime.local.net.rules import NetworkConfig  # noqa: E402
 from tests.support.internet import TestInternet  # noqa: E402
 
@@ -104,6 +106,10 @@ def destroy(rt: LocalRuntime) -> None:
         with contextlib.suppress(OSError):
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix):
                 os.kill(int(pid), signal.SIGKILL)
+    # Its lxcfs (a FUSE mount under the root) and the guard of its addresses: both
+    # outlived the bench before, as the suite's destroy_runtime removes them.
+    lxcfs.stop(rt.root)
+    accounts.remove(digest_of(rt.root))
     shutil.rmtree(rt.root, ignore_errors=True)
 
 

@@ -81,15 +81,15 @@ def requests(
     return took
 
 
-def minting(root: Path, n: int) -> tuple[list[float], list[float]]:
+def minting(root: Path, n: int, prefix: str = "") -> tuple[list[float], list[float]]:
     authority = Authority(root)
     minted, cached = [], []
     for i in range(n):
         t = time.perf_counter()
-        authority.context(f"host{i}.example")
+        authority.context(f"{prefix}host{i}.example")
         minted.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
-        authority.context(f"host{i}.example")
+        authority.context(f"{prefix}host{i}.example")
         cached.append((time.perf_counter() - t) * 1000)
     return minted, cached
 

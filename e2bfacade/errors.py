@@ -3,7 +3,7 @@
 The E2B SDKs parse an error body before they look at the status: a body without ``code``
 crashes the Python SDK with ``KeyError`` and the JS SDK decides 404/409 from ``code``. So
 every error this service can produce — domain errors, DRF's own (auth, parse, throttling),
-Django's 404/405/500 — goes through :func:`error_response`.
+Django's 404/405/500 — goes through :func:`error_body`.
 """
 
 from __future__ import annotations

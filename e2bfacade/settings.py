@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,6 +93,7 @@ INSTALLED_APPS = [
     "sandboxes",
     "snapshots",
     "idempotency",
+    "nodes",
 ]
 
 MIDDLEWARE = [
@@ -217,6 +219,23 @@ API_KEY_CACHE_SECONDS = _int("API_KEY_CACHE_SECONDS", 5, 0, 3600, "between 0 and
 E2BFACADE_ADMIN_TOKEN = env.str("E2BFACADE_ADMIN_TOKEN", default="")
 if E2BFACADE_ADMIN_TOKEN and len(E2BFACADE_ADMIN_TOKEN) < 32:
     raise ImproperlyConfigured("E2BFACADE_ADMIN_TOKEN must be at least 32 characters long")
+
+# A fleet (docs/fleet.md): with ETCD_ENDPOINTS, this host registers in etcd under a lease of
+# FLEET_LEASE_SECONDS and serves sandbox work only while its renewals are acknowledged
+# (e2bfacade/fleet/membership.py). Without it, the host is a fleet of one, as before.
+ETCD_ENDPOINTS = env.list("ETCD_ENDPOINTS", default=[])
+FLEET_PREFIX = env.str("FLEET_PREFIX", default="/e2bfacade/")
+if not FLEET_PREFIX.startswith("/") or not FLEET_PREFIX.endswith("/"):
+    raise ImproperlyConfigured(f"FLEET_PREFIX must start and end with '/', got {FLEET_PREFIX!r}")
+FLEET_LEASE_SECONDS = _int("FLEET_LEASE_SECONDS", 8, 3, 60, "between 3 and 60")
+FLEET_HOST_NAME = env.str("FLEET_HOST_NAME", default="") or socket.gethostname()
+FLEET_API_URL = env.str("FLEET_API_URL", default="")
+FLEET_SANDBOX_URL = env.str("FLEET_SANDBOX_URL", default="")
+if ETCD_ENDPOINTS and not (FLEET_API_URL and FLEET_SANDBOX_URL):
+    raise ImproperlyConfigured(
+        "with ETCD_ENDPOINTS, FLEET_API_URL and FLEET_SANDBOX_URL must say where the other "
+        "hosts and the front reach this host's API and data plane"
+    )
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")

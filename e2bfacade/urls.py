@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from e2bfacade.views import HealthView, ReadinessView, metrics
+from e2bfacade.views import HealthView, PlacementView, ReadinessView, metrics
 
 # Django's own errors (unknown route, DisallowedHost, an unhandled exception) in E2B's
 # `{code, message}` shape: the SDKs parse the body before they look at the status.
@@ -18,6 +18,7 @@ handler500 = "e2bfacade.errors.handler500"
 urlpatterns: list[URLPattern | URLResolver] = [
     path("health", HealthView.as_view(), name="health"),
     path("health/ready", ReadinessView.as_view(), name="health-ready"),
+    path("health/placement", PlacementView.as_view(), name="health-placement"),
     path("metrics", metrics, name="metrics"),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),

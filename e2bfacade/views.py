@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
@@ -18,6 +19,7 @@ from rest_framework.views import APIView
 
 from e2bfacade import observability
 from e2bfacade.errors import error_body
+from e2bfacade.fleet import host as fleet_host
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +61,32 @@ def check_runtime() -> None:
 READINESS_CHECKS: dict[str, Callable[[], None]] = {
     "database": check_database,
     "runtime": check_runtime,
+    # In a fleet: this host's fence holds (a fenced host takes no traffic from the front).
+    "fleet": fleet_host.check_serving,
+}
+
+
+READINESS_RESPONSES = {
+    200: inline_serializer(
+        "Readiness",
+        {"status": serializers.CharField(), "checks": serializers.DictField()},
+    ),
+    503: inline_serializer(
+        "NotReady",
+        {
+            "code": serializers.IntegerField(),
+            "message": serializers.CharField(),
+            "checks": serializers.DictField(),
+        },
+    ),
 }
 
 
 class ReadinessView(APIView):
     """``GET /health/ready``: 200 when this process can serve sandbox requests (the database
-    answers ``SELECT 1`` and the sandbox runtime is usable), else 503 naming the failing
-    checks. For a load balancer's readiness probe; no API key.
+    answers ``SELECT 1``, the sandbox runtime is usable and, in a fleet, the host's fence
+    holds), else 503 naming the failing checks. For a load balancer's readiness probe; no
+    API key.
 
     The body names each check's outcome but never the exception text (this route is public);
     the details go to the server log under the request's id."""
@@ -73,27 +94,14 @@ class ReadinessView(APIView):
     authentication_classes = []
     permission_classes = [AllowAny]
     throttle_classes = []
+    placement = False  # PlacementView
 
-    @extend_schema(
-        operation_id="healthReady",
-        responses={
-            200: inline_serializer(
-                "Readiness",
-                {"status": serializers.CharField(), "checks": serializers.DictField()},
-            ),
-            503: inline_serializer(
-                "NotReady",
-                {
-                    "code": serializers.IntegerField(),
-                    "message": serializers.CharField(),
-                    "checks": serializers.DictField(),
-                },
-            ),
-        },
-    )
+    @extend_schema(operation_id="healthReady", responses=READINESS_RESPONSES)
     def get(self, request: Request) -> Response:
         checks: dict[str, str] = {}
         for name, check in READINESS_CHECKS.items():
+            if name == "fleet" and not settings.ETCD_ENDPOINTS:
+                continue  # a fleet of one has no fence
             try:
                 check()
                 checks[name] = "ok"
@@ -105,11 +113,26 @@ class ReadinessView(APIView):
                     getattr(request._request, "request_id", "-"),
                     exc_info=True,
                 )
+        if self.placement:
+            state = fleet_host.state()
+            checks["placement"] = "ok" if state == "ready" else f"failed: {state}"
         failed = [name for name, outcome in checks.items() if outcome != "ok"]
         if failed:
             body = error_body(503, f"not ready: {', '.join(failed)} check failed")
             return Response({**body, "checks": checks}, status=503)
         return Response({"status": "ok", "checks": checks})
+
+
+class PlacementView(ReadinessView):
+    """``GET /health/placement``: ready, and in a fleet also taking new sandboxes (not
+    ``draining`` or ``standby``): the front's health check for where creates go, while
+    ``/health/ready`` keeps routing a draining host's own sandboxes to it."""
+
+    placement = True
+
+    @extend_schema(operation_id="healthPlacement", responses=READINESS_RESPONSES)
+    def get(self, request: Request) -> Response:
+        return super().get(request)
 
 
 @require_GET

@@ -166,14 +166,23 @@ def run(
             if seen.state == State.COMPLETED:
                 observability.idempotency_event("replay")
                 return stored_result(seen).to_response()
-            if op.here is not None and not op.here(params, seen.resource_id):
-                return error_result(_elsewhere_error()).to_response()
+            # Any host sharing the database waits for a live original and replays its
+            # answer (the record and its owner's lease are the database's); only re-driving
+            # one whose owner died is the resource's own host's to do.
             if owner_is_alive(seen, timezone.now()):
                 if time.monotonic() >= deadline:
                     observability.idempotency_event("in_progress")
                     return error_result(_in_progress_error()).to_response()
                 time.sleep(0.02)
                 continue
+            # The owner let go since the read: it finished (its answer is in the record now)
+            # or it died (a re-drive, which is the resource's own host's to do).
+            done = IdempotencyRecord.objects.find(team.pk, key)
+            if done is not None and done.state == State.COMPLETED and done.pk == seen.pk:
+                observability.idempotency_event("replay")
+                return stored_result(done).to_response()
+            if op.here is not None and not op.here(params, seen.resource_id):
+                return error_result(_elsewhere_error()).to_response()
         claim = key_claim(team, key, op, fp_for, params, body, owner)
         if claim.kind is ClaimKind.EXECUTE:
             assert claim.record is not None

@@ -188,8 +188,7 @@ class VolumeAdmin(ReadOnlyAdmin[Volume]):
     def used(self, obj: Volume) -> str:
         """What its file system holds, from the runtime (this host's volumes only)."""
         try:
-            volume_services.check_volume_host(obj)
-            info = volume_services.volume_runtime().volume_info(obj.runtime_id)
+            info = volume_services.volume_runtime(obj).volume_info(obj.runtime_id)
         except ApiError as exc:
             return f"— ({exc.message})"
         except (SandboxRuntimeError, OSError) as exc:

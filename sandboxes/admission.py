@@ -2,7 +2,8 @@
 
 Checked in the create's reserve transaction, before the sandbox row exists:
 
-- **Per sandbox**, against what the driver says its host has (``Runtime.capacity``): no
+- **Per sandbox**, against what the driver says its host has (``Runtime.capacity`` of the
+  node the create is placed on, read through the nodes seam, :mod:`nodes.selectors`): no
   more CPUs than the host has, no more memory or pids than all sandboxes together may
   use. Deterministic: a 400, stored and replayed under an Idempotency-Key.
 - **Per team**: at most ``SANDBOX_MAX_CONCURRENT_PER_TEAM`` sandboxes that are not killed.
@@ -37,26 +38,31 @@ from e2bfacade import capabilities
 from e2bfacade.errors import AtCapacity, BadRequest, NothingAllocated
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capability, Capacity, SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes import selectors
+from nodes.selectors import Node
 from sandboxes.models import Sandbox, Volume
 from templates.models import BUILD_DISK_MB, Template, TemplateBuild
 from templates.services import template_fits
 
 
-def host_capacity() -> Capacity:
-    """What the host can give sandboxes: held in memory by the runtime once it is built
-    (callers build it before they open a transaction: no runtime work inside one)."""
+def placement() -> tuple[Node, Capacity]:
+    """The node a create is placed on (the first of :func:`nodes.selectors.placement_candidates`)
+    and what it can give sandboxes, through the nodes seam: held in memory by the runtime
+    once it is built (callers call this before they open a transaction, so that the first
+    call of a process builds it there: no runtime work inside one)."""
     try:
-        return get_runtime().capacity()
+        node = selectors.placement_candidates()[0]
+        return node, selectors.node_capacity(node)
     except SandboxRuntimeError as exc:
         raise NothingAllocated(exc.message, headers={"Should-Retry": "false"}) from exc
 
 
-def sandbox_admit(*, team: Team, template: Template) -> str:
-    """Admit one more sandbox of ``template`` for ``team`` on this host, or raise; returns
-    the host. Caller holds a transaction, which the team's row lock lasts for."""
-    cap = host_capacity()
-    host = get_runtime().host_id
+def sandbox_admit(*, team: Team, template: Template) -> Node:
+    """Admit one more sandbox of ``template`` for ``team`` on the node :func:`placement`
+    chooses, or raise; returns the node. Caller holds a transaction, which the team's row
+    lock lasts for."""
+    node, cap = placement()
+    host = node.host_id
     template_fits(
         cap,
         name=str(template),
@@ -101,7 +107,7 @@ def sandbox_admit(*, team: Team, template: Template) -> str:
                 status=503,
                 headers={"Retry-After": "5"},
             )
-    return host
+    return node
 
 
 class VolumeHostFull(BadRequest):
@@ -113,12 +119,13 @@ class VolumeHostFull(BadRequest):
     error_code = "volume_host_full"
 
 
-def volume_admit(*, size_mb: int) -> str:
-    """Admit a new volume of ``size_mb`` on this host, or raise :class:`VolumeHostFull`;
-    returns the host. One statement; the caller holds the team's row lock (the team's
-    creates are serialised; other teams' may overshoot by their number, as sandboxes')."""
-    cap = host_capacity()
-    host = get_runtime().host_id
+def volume_admit(*, size_mb: int) -> Node:
+    """Admit a new volume of ``size_mb`` on the node :func:`placement` chooses, or raise
+    :class:`VolumeHostFull`; returns the node. One statement; the caller holds the team's
+    row lock (the team's creates are serialised; other teams' may overshoot by their
+    number, as sandboxes')."""
+    node, cap = placement()
+    host = node.host_id
     disks, volumes = _disk_usage(host)
     allowed = int(cap.disk_mb * settings.SANDBOX_DISK_OVERCOMMIT)
     if disks + volumes + size_mb > allowed:
@@ -127,7 +134,7 @@ def volume_admit(*, size_mb: int) -> str:
             f"the volumes {volumes} MiB, and a new volume takes {size_mb} MiB, over the "
             f"{allowed} MiB it admits; delete a volume, or try again when sandboxes have ended"
         )
-    return host
+    return node
 
 
 def _builds_sum() -> tuple[str, str]:

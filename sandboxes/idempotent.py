@@ -11,8 +11,8 @@ from typing import Any
 
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.registry import Operation, register
+from nodes.selectors import is_local, local_runtime
 from sandboxes import services
 from sandboxes.models import Sandbox, new_sandbox_id
 from sandboxes.serializers import SandboxSerializer, create_request_from
@@ -38,13 +38,13 @@ def _create(
 def _here(params: dict[str, str], rid: str) -> bool:
     """Whether this host holds the sandbox being created (or none holds it yet)."""
     host = Sandbox.objects.filter(pk=rid).values_list("host", flat=True).first()
-    return host in (None, "", get_runtime().host_id)
+    return is_local(host)
 
 
 def _undo(rid: str) -> bool:
     """End whatever the runtime made for ``rid`` (no database needed)."""
     try:
-        get_runtime().kill(rid)
+        local_runtime().kill(rid)
     except SandboxRuntimeError:
         return False
     return True

@@ -29,7 +29,7 @@ from django.utils import timezone
 from e2bfacade.errors import BadRequest
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import ConsoleLine, SandboxRuntimeError, Stream
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_runtime
 from sandboxes.models import Sandbox, SandboxLogEntry
 from sandboxes.transitions import not_found
 
@@ -155,7 +155,7 @@ def sandbox_log_boot(*, sandbox_id: str, message: str, event: str, level: str = 
     (read from the runtime: no transaction may be held), then the event itself, so its
     output reads before it. A runtime that cannot say is logged, not raised."""
     try:
-        output = get_runtime().start_output(sandbox_id)
+        output = local_runtime().start_output(sandbox_id)
     except (SandboxRuntimeError, OSError) as exc:
         logger.warning("sandbox %s: its start output could not be read: %s", sandbox_id, exc)
         output = []

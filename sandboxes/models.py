@@ -120,7 +120,7 @@ class Sandbox(models.Model):
     # the admin; empty for a state a caller asked for.
     state_reason = models.TextField(blank=True, default="")
     # The host (runtime root) that holds it: every runtime call about it is made there, and
-    # no other host's worker touches it (sandboxes.hosts).
+    # no other host's worker touches it (:mod:`nodes.selectors` says which node that is).
     host = models.CharField(max_length=255, blank=True, default="")
     auto_resume = models.BooleanField(default=False)
     allow_internet_access = models.BooleanField(default=False)

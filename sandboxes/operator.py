@@ -2,11 +2,12 @@
 the admin site's actions): kill a team's sandboxes, count the running ones per team, and
 E2B's ``/nodes`` view of the hosts.
 
-A node is a host holding sandboxes. This service runs its sandboxes on one host, so
-``/nodes`` lists that one (its id the opaque label tenants see in messages, never its
-machine name or root), always ``ready``; a status change other than ``ready`` is refused
-with a 400 saying why (draining or parking the only host would only refuse every create:
-moving sandboxes off a host needs several)."""
+A node is a host holding sandboxes, its id the opaque label tenants see in messages, never
+its machine name or root. In a fleet (docs/fleet.md) ``/nodes`` lists the members of etcd
+and the hosts rows still name, and a status change is the operator's ``ready``,
+``draining`` or ``standby``. A single host's ``/nodes`` lists that one, always ``ready``; a
+status change other than ``ready`` is refused with a 400 saying why (draining or parking
+the only host would only refuse every create: moving sandboxes off a host needs several)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ import platform
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, Q, Sum
 
 from e2bfacade.errors import ApiError, BadRequest, NotFound
+from e2bfacade.fleet import membership
 from e2bfacade.models import Team
+from nodes.fleet import FleetNode, fleet_nodes, fleet_set_status
+from nodes.selectors import local_node, node_capacity
 from sandboxes.models import Sandbox
 from sandboxes.services import sandbox_kill
-from sandboxes.transitions import host_label, this_host
 
 NODE_STATUSES = ("ready", "draining", "connecting", "unhealthy", "standby")
 
@@ -67,21 +71,53 @@ def running_counts() -> dict[str, int]:
 
 
 def node_list() -> list[dict[str, Any]]:
-    """``GET /nodes``: this host, the one node of this service."""
-    return [node_detail(node_id=host_label(this_host()))]
+    """``GET /nodes``: this host, the one node of a single-host service; in a fleet, every
+    host (docs/fleet.md)."""
+    if settings.ETCD_ENDPOINTS:
+        return [_fleet_detail(node) for node in _fleet()]
+    return [node_detail(node_id=local_node().label)]
+
+
+def _fleet() -> list[FleetNode]:
+    named = Sandbox.objects.exclude(state=Sandbox.State.KILLED).exclude(host="")
+    return fleet_nodes(named.values_list("host", flat=True).distinct())
+
+
+def _fleet_node(node_id: str) -> FleetNode:
+    for node in _fleet():
+        if node.label == node_id:
+            return node
+    raise NotFound(f"node '{node_id}' not found")
+
+
+def _fleet_detail(node: FleetNode) -> dict[str, Any]:
+    return _detail(
+        node.label, Q(host=node.host_id), node.status, cpus=node.cpus, memory_mb=node.memory_mb
+    )
 
 
 def node_detail(*, node_id: str) -> dict[str, Any]:
     """``GET /nodes/{nodeID}`` in E2B's ``NodeDetail`` shape (a ``Node``'s fields too):
     what this host holds, from the database (one grouped query) and the runtime's
     capacity. 404 for any other id."""
-    host = this_host()
-    if node_id != host_label(host):
+    if settings.ETCD_ENDPOINTS:
+        return _fleet_detail(_fleet_node(node_id))
+    node = local_node()
+    if node_id != node.label:
         raise NotFound(f"node '{node_id}' not found")
-    from e2bfacade.sandbox_runtime import get_runtime
+    capacity = node_capacity(node)
+    return _detail(
+        node_id,
+        Q(host=node.host_id) | Q(host=""),
+        "ready",
+        cpus=capacity.cpus,
+        memory_mb=capacity.memory_mb,
+    )
 
-    capacity = get_runtime().capacity()
-    live = Sandbox.objects.filter(Q(host=host) | Q(host=""))
+
+def _detail(node_id: str, held: Q, status: str, *, cpus: int, memory_mb: int) -> dict[str, Any]:
+    """E2B's ``NodeDetail`` of the node whose sandboxes ``held`` selects."""
+    live = Sandbox.objects.filter(held)
     totals = live.filter(state=Sandbox.State.RUNNING).aggregate(
         n=Count("pk"), cpu=Sum("cpu_count"), memory=Sum("memory_mb")
     )
@@ -93,7 +129,7 @@ def node_detail(*, node_id: str) -> dict[str, Any]:
         "clusterID": "00000000-0000-0000-0000-000000000000",
         "version": "e2bfacade",
         "commit": "",
-        "status": "ready",
+        "status": status,
         "statusChangedAt": _started_at(),
         "sandboxCount": int(totals["n"] or 0),
         "sandboxStartingCount": starting,
@@ -109,9 +145,9 @@ def node_detail(*, node_id: str) -> dict[str, Any]:
             "allocatedCPU": int(totals["cpu"] or 0),
             "allocatedMemoryBytes": int(totals["memory"] or 0) << 20,
             "cpuPercent": 0,
-            "cpuCount": capacity.cpus,
+            "cpuCount": cpus,
             "memoryUsedBytes": 0,
-            "memoryTotalBytes": capacity.memory_mb << 20,
+            "memoryTotalBytes": memory_mb << 20,
             "disks": [],
             "hugePagesTotal": 0,
             "hugePagesUsed": 0,
@@ -128,6 +164,14 @@ def node_set_status(*, node_id: str, body: dict[str, Any]) -> None:
     status = body.get("status")
     if status not in NODE_STATUSES:
         raise BadRequest(f"status must be one of {', '.join(NODE_STATUSES)}")
+    if settings.ETCD_ENDPOINTS:
+        if status not in membership.STATUSES:
+            raise BadRequest(
+                f"node status '{status}' is observed, not set: set one of "
+                f"{', '.join(membership.STATUSES)}"
+            )
+        fleet_set_status(node_id, status)
+        return
     if status != "ready":
         raise BadRequest(
             f"node status '{status}' is not supported: this service runs its sandboxes on "

@@ -32,8 +32,8 @@ from e2bfacade.runtime.base import (
     UpstreamProxy,
 )
 from e2bfacade.runtime.volumes import VolumeMount, VolumeNotFound
-from e2bfacade.sandbox_runtime import get_runtime
-from sandboxes.admission import host_capacity, sandbox_admit
+from nodes.selectors import local_node, node_for_sandbox, runtime_for, sandbox_runtime
+from sandboxes.admission import placement, sandbox_admit
 from sandboxes.logs import Level, sandbox_log_boot, sandbox_log_event
 from sandboxes.models import Sandbox, SandboxVolumeMount, new_access_token, new_sandbox_id
 from sandboxes.secrets.selectors import check_rule_placeholders
@@ -42,7 +42,6 @@ from sandboxes.transitions import (
     KILL,
     PAUSE,
     RESUME,
-    check_host,
     not_found,
     paused_fields,
     runtime_error,
@@ -155,9 +154,9 @@ def sandbox_reserve(
         rules=request.network.get("rules"),
         tokens=set((request.iam.get("tokens") or {}).keys()),
     )
-    host = sandbox_admit(team=team, template=template)
+    node = sandbox_admit(team=team, template=template)
     # Resolved (and the volumes locked) before the row is written: a refusal writes nothing.
-    mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, host=host)
+    mounts = volume_mounts_resolve(team=team, mounts=request.volume_mounts, node=node)
     now = timezone.now()
     network, proxy_password = egress_proxy_split(
         {
@@ -186,7 +185,7 @@ def sandbox_reserve(
         on_timeout=Sandbox.OnTimeout.PAUSE if request.auto_pause else Sandbox.OnTimeout.KILL,
         auto_pause_memory=request.auto_pause_memory,
         auto_resume=request.auto_resume,
-        host=host,
+        host=node.host_id,
         allow_internet_access=request.allow_internet,
         network=network,
         egress_proxy_password=proxy_password,
@@ -213,11 +212,11 @@ def sandbox_start(*, sandbox: Sandbox, volume_mounts: tuple[VolumeMount, ...] = 
     :func:`sandbox_mounts`). Safe to call again for the same row (the runtime adopts an id
     that already runs), so a crashed create can be re-driven.
 
-    Raises :class:`ServiceUnavailable` when the runtime refused; the row is then deleted,
-    since the refusal proves nothing was allocated.
+    Raises :class:`e2bfacade.errors.ServiceUnavailable` when the runtime refused; the row is
+    then deleted, since the refusal proves nothing was allocated.
     """
     template = sandbox.template
-    runtime = get_runtime()
+    runtime = sandbox_runtime(sandbox)
     try:
         runtime.create(
             SandboxSpec(
@@ -304,10 +303,10 @@ def sandbox_create(
             Sandbox.objects.select_related("template").filter(pk=sandbox_id, team=team).first()
         )
     if sandbox is None:
-        host_capacity()  # builds the runtime, if this process has none yet, outside the tx
+        placement()  # builds the runtime, if this process has none yet, outside the tx
         with transaction.atomic():
             sandbox = sandbox_reserve(team=team, request=request, sandbox_id=sandbox_id)
-    check_host(sandbox)  # a re-drive creates only where its row was reserved
+    node_for_sandbox(sandbox)  # a re-drive creates only where its row was reserved
     if sandbox.state == State.CREATING:
         # Read back only when the create named volumes: no statement otherwise.
         mounts = sandbox_mounts(sandbox) if request.volume_mounts else ()
@@ -336,7 +335,7 @@ def sandbox_update_network(
     body twice leaves the same rules. Racing updates settle on the last one committed: the
     runtime is given the stored rules again until what it applied is what is stored."""
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
-    check_host(sandbox)
+    runtime = sandbox_runtime(sandbox)
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f'Sandbox "{sandbox_id}" is in {sandbox.wire_state} state')
     wanted = {k: v for k, v in network.items() if v is not None}
@@ -351,7 +350,6 @@ def sandbox_update_network(
     Sandbox.objects.filter(pk=sandbox.pk).update(
         allow_internet_access=allow_internet, network=wanted, egress_proxy_password=proxy_password
     )
-    runtime = get_runtime()
     for _ in range(3):
         row = (
             Sandbox.objects.filter(pk=sandbox.pk).values("allow_internet_access", "network").first()
@@ -377,7 +375,7 @@ def sandbox_pause(*, team: Team, sandbox_id: str, memory: bool = True) -> Sandbo
     """running -> paused, keeping its memory (``memory``) or only its files, which a resume
     then cold-boots. A second pause answers 409 (the SDK reads it as "already paused")."""
     sandbox, _ = transition_claim(team=team, sandbox_id=sandbox_id, transition=PAUSE)
-    runtime = get_runtime()
+    runtime = sandbox_runtime(sandbox)
     try:
         transition_act(
             sandbox, State.PAUSING, State.RUNNING, runtime.pause, sandbox_id, memory=memory
@@ -401,7 +399,7 @@ KEPT = {
 
 
 def _resume(sandbox: Sandbox, timeout: int, memory: bool) -> Sandbox:
-    runtime = get_runtime()
+    runtime = sandbox_runtime(sandbox)
     # A resume without memory, or of a sandbox that kept only its files, boots it anew:
     # its template's start command runs again, and what it writes is logged.
     cold = not memory or sandbox.pause_mode == PauseMode.FILESYSTEM
@@ -499,7 +497,7 @@ def sandbox_finish_kill(*, sandbox: Sandbox, reason: str = "at the caller's requ
     ``reason``. Returns whether this call's record landed (False: another caller's kill
     recorded it first)."""
     try:
-        get_runtime().kill(sandbox.sandbox_id)
+        sandbox_runtime(sandbox).kill(sandbox.sandbox_id)
     except (SandboxRuntimeError, OSError) as exc:
         # Stay in "killing": the worker re-drives it. The caller learns it did not finish.
         raise runtime_error(exc) from exc
@@ -514,9 +512,9 @@ def sandbox_finish_kill(*, sandbox: Sandbox, reason: str = "at the caller's requ
 
 def sandbox_metrics(*, team: Team, sandbox_id: str) -> dict[str, object]:
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
-    check_host(sandbox)
+    runtime = sandbox_runtime(sandbox)
     try:
-        m = get_runtime().metrics(sandbox.sandbox_id)
+        m = runtime.metrics(sandbox.sandbox_id)
     except SandboxNotFound as exc:
         raise not_found(sandbox_id) from exc
     except SandboxRuntimeError as exc:
@@ -537,15 +535,15 @@ def sandboxes_metrics(*, team: Team, sandbox_ids: list[str]) -> dict[str, dict[s
         raise BadRequest(
             f"sandbox_ids names {len(sandbox_ids)} sandboxes: at most {METRICS_IDS_MAX}"
         )
-    host = get_runtime().host_id
+    node = local_node()
     rows = list(
         Sandbox.objects.of_team(team.pk)
         .live()
-        .on_host(host)
+        .on_host(node.host_id)
         .filter(pk__in=sandbox_ids)
         .only("sandbox_id", "disk_size_mb")
     )
-    runtime = get_runtime()
+    runtime = runtime_for(node)
     now = timezone.now()
     out: dict[str, dict[str, object]] = {}
     order = {sandbox_id: i for i, sandbox_id in enumerate(sandbox_ids)}

@@ -11,7 +11,6 @@ recorded meanwhile. A process that dies between the two leaves the row transitio
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from e2bfacade.runtime.base import (
     SandboxNotFound,
     SandboxRuntimeError,
 )
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_node, node_for_sandbox
 from sandboxes.models import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -118,37 +117,6 @@ def not_found(sandbox_id: str) -> NotFound:
     return NotFound(f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
 
 
-def this_host() -> str:
-    """The host this process's runtime holds sandboxes on (``Runtime.host_id``)."""
-    return get_runtime().host_id
-
-
-def host_label(host: str) -> str:
-    """An opaque, stable name for a host in what callers read: a host id is the machine's
-    name and its runtime root's path, which are the operator's to know, not a tenant's.
-    The operator finds a label's host with ``host_label`` over the hosts' ids."""
-    return hashlib.sha256(host.encode()).hexdigest()[:12]
-
-
-def on_another_host(sandbox: Sandbox, host: str) -> ApiError:
-    """What a call about a sandbox another host holds answers: the truth, never an outcome
-    this host cannot bring about (placing requests by host is not done yet)."""
-    return ServiceUnavailable(
-        f"sandbox {sandbox.sandbox_id} is held by another host of this service (host "
-        f"{host_label(sandbox.host)}), not by this one: send the request to that host's API",
-        error_code="sandbox_on_another_host",
-        headers={"Should-Retry": "false"},
-    )
-
-
-def check_host(sandbox: Sandbox, host: str | None = None) -> None:
-    """Raise unless this host holds ``sandbox`` (a row without a host predates hosts: the
-    one host there was)."""
-    host = host or this_host()
-    if sandbox.host and sandbox.host != host:
-        raise on_another_host(sandbox, host)
-
-
 def runtime_error(exc: Exception) -> ApiError:
     """A runtime failure as an API error with a message a human can act on."""
     if isinstance(exc, RuntimeUnavailable):
@@ -171,7 +139,7 @@ def transition_claim(
     transitional state is waited out for up to :data:`TRANSITION_WAIT_SECONDS`, then 409.
     """
     deadline = time.monotonic() + (TRANSITION_WAIT_SECONDS if wait else 0)
-    host = this_host()  # the runtime is built, if need be, outside the transaction
+    here = local_node()  # the runtime is built, if need be, outside the transaction
     while True:
         now = timezone.now()
         with transaction.atomic():
@@ -189,7 +157,7 @@ def transition_claim(
                 row.state == State.CREATING and State.CREATING not in transition.claims
             ):
                 raise not_found(sandbox_id)
-            check_host(row, host)
+            node_for_sandbox(row, local=here)  # 503 for a row another host holds
             previous = row.state
             if previous in transition.claims:
                 return row, transition_claim_locked(row, transition, now)

@@ -19,7 +19,7 @@ from e2bfacade.requests import json_body, team_of
 from e2bfacade.schema import IDEMPOTENCY_KEY, errors
 from idempotency import http as idempotency
 from sandboxes import idempotent, logs, operator, selectors, services, usage
-from sandboxes.admission import host_capacity
+from sandboxes.admission import placement
 from sandboxes.identity.views import issuer_of
 from sandboxes.serializers import (
     LISTED_COLUMNS,
@@ -67,7 +67,7 @@ class SandboxViewSet(viewsets.ViewSet):
             body["iam"]["issuer"] = issuer_of(request)
         # Admission reads the host's capacity inside the reserve transaction; the first read
         # in a process builds the runtime (disk, cgroups): do that here, outside it.
-        host_capacity()
+        placement()
         return idempotency.run(request, team=team_of(request), route=route, params={}, body=body)
 
     @extend_schema(

@@ -3,8 +3,8 @@ finish transitions a dead process abandoned, make the database and the runtime a
 keep the runtime's warm pool.
 
 Several workers may run at once: rows are claimed with ``SKIP LOCKED``. Each acts only on
-the rows of its own host (``Sandbox.host``, the runtime's ``host_id``): several hosts may
-share one database, and none ever touches another's sandboxes.
+the rows of its own host (``Sandbox.host``, the node :func:`nodes.selectors.local_node`
+names): several hosts may share one database, and none ever touches another's sandboxes.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
     SandboxState,
 )
-from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
+from nodes.selectors import local_node, runtime_for
 from sandboxes.logs import Level, sandbox_log_event
 from sandboxes.models import Sandbox, SandboxLogEntry
 from sandboxes.services import KEPT, sandbox_finish_kill
@@ -54,7 +54,7 @@ def sandbox_adopt_hostless() -> int:
     return (
         Sandbox.objects.filter(host="")
         .exclude(state=State.KILLED)
-        .update(host=get_runtime().host_id)
+        .update(host=local_node().host_id)
     )
 
 
@@ -62,12 +62,13 @@ def sandbox_expire(*, sandbox_id: str) -> str | None:
     """Apply the timeout action of one sandbox whose ``endAt`` has passed. Returns the
     action taken, or None when someone else got there first (SKIP LOCKED)."""
     now = timezone.now()
-    runtime = get_runtime()
+    node = local_node()  # built, if need be, outside the transaction
+    runtime = runtime_for(node)
     with transaction.atomic():
         row = (
             Sandbox.objects.select_for_update(skip_locked=True)
             .expired(now)
-            .on_host(runtime.host_id)
+            .on_host(node.host_id)
             .filter(pk=sandbox_id)
             .first()
         )
@@ -107,9 +108,10 @@ def sandbox_recover_stale(*, older_than: datetime) -> list[str]:
     ``older_than``): creating is re-driven or dropped, pausing/resuming are settled from
     what the runtime reports, killing is re-driven."""
     recovered = []
-    runtime = get_runtime()
+    node = local_node()
+    runtime = runtime_for(node)
     stale = (
-        Sandbox.objects.on_host(runtime.host_id)
+        Sandbox.objects.on_host(node.host_id)
         .filter(state__in=TRANSITIONAL_STATES, state_changed_at__lt=older_than)
         .values_list("pk", flat=True)
     )
@@ -200,10 +202,11 @@ def sandbox_reconcile() -> dict[str, list[str]]:
       recorded killed, as lost (logged as an error, counted in /metrics);
     - a runtime sandbox the database does not know (or knows as killed) is killed.
     """
-    runtime = get_runtime()
+    node = local_node()
+    runtime = runtime_for(node)
     # Database first, runtime second: a sandbox the database saw live existed in the runtime
     # before we listed it, so missing from the list means it really died.
-    rows = Sandbox.objects.on_host(runtime.host_id).exclude(state=State.KILLED)
+    rows = Sandbox.objects.on_host(node.host_id).exclude(state=State.KILLED)
     known = {
         sid: (state, mode)
         for sid, state, mode in rows.values_list("sandbox_id", "state", "pause_mode")
@@ -257,9 +260,10 @@ def sandbox_log_limits() -> list[str]:
     the runtime's counters. The count a log entry last reported is the baseline (the event's
     newest entry, only for a sandbox whose counter is not zero); counters start afresh with
     a sandbox's processes, so a count below it is a new start. Returns the ids logged."""
-    runtime = get_runtime()
+    node = local_node()
+    runtime = runtime_for(node)
     logged = []
-    running = Sandbox.objects.on_host(runtime.host_id).filter(state=State.RUNNING)
+    running = Sandbox.objects.on_host(node.host_id).filter(state=State.RUNNING)
     for sandbox_id in running.values_list("sandbox_id", flat=True):
         try:
             counters = runtime.limit_events(sandbox_id)
@@ -288,7 +292,7 @@ def sandbox_log_limits() -> list[str]:
 def _record_kept(sandbox_id: str, state: str) -> bool:
     """Record a sandbox whose processes ended under it as paused with its files (why, from
     the runtime), fenced on ``state``."""
-    info = get_runtime().status(sandbox_id)
+    info = runtime_for(local_node()).status(sandbox_id)
     if info.pause_mode is not PauseMode.FILESYSTEM:
         return False
     fields = paused_fields(PauseMode.FILESYSTEM, info.pause_reason)
@@ -314,7 +318,7 @@ def sandbox_keep_warm() -> list[str]:
     empty (by default, each public template with a start command, code-interpreter-v1
     among them; ``Template.warm_pool`` sets any template's). The runtime ends the idle pool
     sandboxes of every other shape. Returns the templates whose image this host has."""
-    runtime = get_runtime()
+    runtime = runtime_for(local_node())
     asked, specs = [], []
     for template in Template.objects.filter(kind=Template.Kind.TEMPLATE).order_by("pk"):
         if template.warm_pool == 0:

@@ -48,6 +48,12 @@ if [[ "${1:-}" == "--tests" ]]; then
     [[ -x /usr/bin/ip || -x /usr/sbin/ip ]] || packages+=(iproute2)
     [[ -x /usr/bin/python3 ]] || packages+=(python3)
 fi
+# The fleet's engines (docs/fleet.md): etcd for membership, HAProxy for the front. Only the
+# programs: scripts/fleet.sh runs its own (their services are disabled below); a production
+# fleet's units are in docs/fleet.md.
+if [[ "${1:-}" == "--tests" || "${1:-}" == "--fleet" ]]; then
+    packages+=(etcd-server etcd-client haproxy)
+fi
 # Debian's python3 at /usr/bin: the code-interpreter-v1 template's Python (its guests see the
 # host's /usr; the template's build makes its venv with it). python-is-python3:
 # `python` in the base template, as E2B's base template has it.
@@ -112,6 +118,12 @@ if ((${#missing[@]})); then
     # Likewise dante's: the tests run their own danted, in their test internet only.
     if [[ " ${missing[*]} " == *" dante-server "* ]] && command -v systemctl >/dev/null; then
         systemctl disable --now danted.service >/dev/null 2>&1 || true
+    fi
+    if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable --now etcd.service >/dev/null 2>&1 || true
+    fi
+    if [[ " ${missing[*]} " == *" haproxy "* ]] && command -v systemctl >/dev/null; then
+        systemctl disable --now haproxy.service >/dev/null 2>&1 || true
     fi
 fi
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from e2bfacade.models import Team
-from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.registry import Operation, register
+from nodes.selectors import is_local
 from sandboxes.models import Sandbox
 from sandboxes.serializers import SandboxSerializer
 from snapshots import services
@@ -55,7 +55,7 @@ def _fork(
 def _source_here(params: dict[str, str], rid: str) -> bool:
     """Whether this host holds the sandbox snapshotted or forked (its image is made here)."""
     host = Sandbox.objects.filter(pk=params["sandbox_id"]).values_list("host", flat=True).first()
-    return host in (None, "", get_runtime().host_id)
+    return is_local(host)
 
 
 register(

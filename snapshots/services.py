@@ -17,10 +17,10 @@ from e2bfacade import capabilities
 from e2bfacade.errors import ApiError, Conflict
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capability, SandboxNotFound, SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import sandbox_runtime
 from sandboxes.models import Sandbox
 from sandboxes.services import CreateRequest, check_timeout, sandbox_create, sandbox_get
-from sandboxes.transitions import check_host, not_found, runtime_error
+from sandboxes.transitions import not_found, runtime_error
 from templates.models import ID_ALPHABET, Template, new_template_id
 
 State = Sandbox.State
@@ -46,14 +46,13 @@ def snapshot_create(
         if done is not None:
             return done  # a re-drive of a snapshot that was already recorded
     sandbox = sandbox_get(team=team, sandbox_id=sandbox_id)
-    check_host(sandbox)
+    runtime = sandbox_runtime(sandbox)  # 503 for a sandbox another host holds
     if sandbox.state not in (State.RUNNING, State.PAUSED):
         raise Conflict(f"sandbox {sandbox_id} is {sandbox.state}; try again shortly")
     if name and Template.objects.filter(team=team, alias=name).exists():
         # A friendly early answer; the unique constraint below is what guarantees it.
         raise Conflict(f"a template or snapshot named '{name}' already exists")
     snapshot_id = snapshot_id or new_template_id()
-    runtime = get_runtime()
     try:
         image = runtime.snapshot(sandbox.sandbox_id, snapshot_id, memory=memory_kept(memory))
     except SandboxNotFound as exc:

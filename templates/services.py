@@ -22,7 +22,7 @@ from e2bfacade.runtime.base import (
     SandboxRuntimeError,
     check_id,
 )
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_node, local_runtime, node_capacity, runtime_for
 from templates import code_interpreter
 from templates.builds import caches as build_caches
 from templates.builds import files as build_files
@@ -102,9 +102,10 @@ def template_import(
     if Template.objects.filter(team=team, alias=alias).exists():
         raise TemplateExists(f"a template named {alias!r} already exists")
     template_id = new_template_id()
-    runtime = get_runtime()
+    node = local_node()
+    runtime = runtime_for(node)
     template_fits(
-        runtime.capacity(),
+        node_capacity(node),
         name=alias,
         cpu_count=cpu_count,
         memory_mb=memory_mb,
@@ -201,7 +202,7 @@ def _delete_image_unless_used(team: Team, image_id: str) -> None:
         logger.info("image %s left to the sweep: it may still be in use", image_id)
         return
     try:
-        get_runtime().delete_image(image_id)
+        local_runtime().delete_image(image_id)
     except ImageInUse as exc:
         # Another image is layered on it (a snapshot of a sandbox started from this one).
         # The row is gone, so the worker's image sweep removes it once that one goes.
@@ -224,7 +225,7 @@ def template_sweep_images() -> list[str]:
         logger.info("removed the unused build archive %s", files_hash)
     for path in build_caches.prune_all():
         logger.info("pruned the cache entry %s", path)
-    runtime = get_runtime()
+    runtime = local_runtime()
     # An image is built before its template row is inserted (no transaction spans the
     # build): only an image older than the grace period can be an orphan.
     cutoff = time.time() - ORPHAN_IMAGE_GRACE_SECONDS
@@ -261,9 +262,8 @@ def template_build_code_interpreter() -> CodeInterpreterBuilt:
     way. Its packages are fetched on the host (downloads only, kept by the inputs' digest in
     TEMPLATE_CACHE_DIR) and installed in the build sandbox. Raises BuildFailed with the
     build's reason and its last log lines; a failed build leaves the template as it was."""
-    runtime = get_runtime()
     template_fits(
-        runtime.capacity(),
+        node_capacity(local_node()),
         name=code_interpreter.ALIAS,
         cpu_count=code_interpreter.CPU_COUNT,
         memory_mb=code_interpreter.MEMORY_MB,
@@ -337,7 +337,7 @@ def _built(template: Template, inputs_tag: str) -> TemplateBuild | None:
     if found is None or found.build.status != BuildStatus.READY:
         return None
     try:
-        get_runtime().image_info(found.build.image_id)
+        local_runtime().image_info(found.build.image_id)
     except SandboxRuntimeError:
         return None  # swept, or another host's root
     return found.build

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
+from hypothesis import settings as hypothesis_settings
 from rest_framework.test import APIClient
 
 from e2bfacade.models import ApiKey, Team
@@ -16,6 +17,9 @@ from e2bfacade.runtime.local import build
 from e2bfacade.startup import is_insecure_secret_key
 from tests.support.factories import ApiKeyFactory, TeamFactory
 from tests.support.runtime_support import session_sandbox_root
+
+# kill_later and delete_template_later, for the suites that drive a live server.
+pytest_plugins = ["tests.support.cleanup"]
 
 # The service refuses the built-in, public SECRET_KEY and derives no encryption key from it
 # (e2bfacade/startup.py). Unless the environment brings a real one, the suite makes its own:
@@ -34,6 +38,12 @@ settings.SANDBOX_RUNTIME_OPTIONS.pop("network", None)
 if not os.environ.get(build.CACHE_ENV):
     os.environ[build.CACHE_ENV] = _helper_cache = tempfile.mkdtemp(prefix="e2bfacade-sandboxd-")
     atexit.register(shutil.rmtree, _helper_cache, ignore_errors=True)
+
+# Property tests are judged by their examples, not by how fast one runs: hypothesis's default
+# 200 ms deadline per example failed a pure function's test on a loaded 2-core machine
+# (265 ms while the suite's other lines ran), which checks nothing of the code.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 
 @pytest.fixture(scope="session", autouse=True)

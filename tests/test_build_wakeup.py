@@ -11,6 +11,8 @@ from django.db import connection, transaction
 
 from templates.builds import wakeup
 
+pytestmark = pytest.mark.both_databases
+
 
 @pytest.mark.django_db(transaction=True)
 def test_an_announced_build_wakes_the_idle_worker_at_once() -> None:

@@ -9,6 +9,8 @@ from e2bfacade.models import RateLimitWindow
 from e2bfacade.throttling import purge_windows
 from tests.support.factories import ApiKeyFactory
 
+pytestmark = pytest.mark.both_databases
+
 
 @pytest.fixture
 def limited(settings: pytest.FixtureRequest) -> None:

@@ -1,12 +1,14 @@
 """The sandbox runtime: the ground floor every app stands on, and the only code that touches
-sandboxes. Django-free by rule (``tests/runtime/test_contract.py`` checks it): drivers are
+sandboxes. Django-free by rule (``tests/test_architecture.py`` checks it): drivers are
 plain Python over the host's kernel or an orchestrator's API, so they can be tested, reused
 and reasoned about without settings, models or requests.
 
-- :mod:`.base` — the host's half of the interface (``Runtime``): specs, infos, errors,
-  capabilities, and the types both halves use.
-- :mod:`.guest` — the guest's half (``Guest``, from ``Runtime.guest``): processes, files,
-  watchers, ports.
+- :mod:`.base` — the host's half of the interface (``Runtime``), re-exporting the rest of
+  the interface: :mod:`.errors`, :mod:`.specs` (ids, specs, infos, states, capabilities,
+  the types both halves use), :mod:`.policy`, :mod:`.measures`.
+- :mod:`.guest` — the guest's half (``Guest``, from ``Runtime.guest``) and its types:
+  processes, files, watchers, ports.
+- :mod:`.volumes` — volumes (``VolumeRuntime``, for a driver with ``VOLUME_MOUNTS``).
 - :mod:`.registry` — drivers by name (``SANDBOX_RUNTIME``).
 - :mod:`.local` — the ``local`` driver: Linux namespaces, overlayfs and cgroups on this host.
 

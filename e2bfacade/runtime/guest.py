@@ -13,24 +13,174 @@ created is owned by the user.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from e2bfacade.runtime.base import (
-    DirWatch,
-    EntryInfo,
-    GuestProcess,
-    ProcessInfo,
-    ProcessResult,
-    ProcessSpec,
-    PtySize,
-    SandboxInfo,
-    SandboxRuntimeError,
-    Stream,
-    WatcherChanges,
-)
+# The errors a guest raises are the interface's (errors.py); re-exported here with its types.
+from e2bfacade.runtime.errors import GuestFileError as GuestFileError
+from e2bfacade.runtime.errors import ProcessNotFound as ProcessNotFound
+from e2bfacade.runtime.errors import SandboxRuntimeError
+from e2bfacade.runtime.errors import UnknownUser as UnknownUser
+from e2bfacade.runtime.specs import SandboxInfo, Stream
+
+
+# --------------------------------------------------------------------------- processes
+@dataclass(frozen=True)
+class PtySize:
+    cols: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process to start inside a sandbox.
+
+    ``user`` is a guest account name (None: the sandbox's default user), resolved in the
+    guest's own ``/etc/passwd``; ``cwd`` None is that user's home. ``env`` goes on top of
+    the sandbox's env vars. With ``stdin`` False the process reads /dev/null. With ``pty``
+    the process gets a terminal of that size as its controlling terminal, and its output
+    arrives as one ``pty`` stream. ``timeout`` is the process's lifetime in seconds: when
+    it elapses the process and everything in its process group are killed (None:
+    unlimited). The lifetime is the driver's to enforce, not the caller's, so it holds
+    even if the caller goes away.
+    """
+
+    argv: tuple[str, ...]
+    user: str | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    stdin: bool = False
+    pty: PtySize | None = None
+    timeout: float | None = None
+    tag: str | None = None  # shown by list_processes; E2B's ProcessInfo.tag
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A running process as :meth:`.guest.Guest.list_processes` shows it: what it was started
+    with (``env`` is what the caller asked for on top of the sandbox's env vars)."""
+
+    pid: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    tag: str | None = None
+    pty: bool = False
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended: ``exit_code`` shell-style (128 + the signal when killed by one)
+    and ``signal`` the signal number, or None when it exited by itself."""
+
+    exit_code: int
+    signal: int | None = None
+
+
+class GuestProcess(Protocol):
+    """A running process. Reading its output never buffers more than one chunk on the
+    host: a caller that stops reading stops the guest writing (the pipe fills)."""
+
+    @property
+    def pid(self) -> int:
+        """The process's pid as the guest sees it."""
+        ...
+
+    def output(self, chunk_size: int = 65536) -> Iterator[tuple[Stream, bytes]]:
+        """Chunks of at most ``chunk_size`` bytes as they come, until the process has ended
+        and what it wrote is read. A background child that keeps the output open after the
+        process ended does not keep the stream open: the host never waits on a guest's
+        grandchildren."""
+        ...
+
+    def write_stdin(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def send_signal(self, signum: int) -> None:
+        """Signal the process's whole process group (what it started too)."""
+        ...
+
+    def resize(self, size: PtySize) -> None: ...
+    def wait(self, timeout: float | None = None) -> ExitStatus:
+        """Wait for the process itself to end (not for its output to close); raises
+        TimeoutError when ``timeout`` elapses first."""
+        ...
+
+    def close(self) -> None:
+        """Release the host's side (pipes, descriptors). A running process keeps running
+        until its lifetime ends; kill it first with :meth:`send_signal` if it should not."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    signal: int | None = None
+    truncated: bool = False  # output beyond max_output was read and dropped
+
+
+# ------------------------------------------------------------------------------- files
+class FileType(enum.StrEnum):
+    FILE = "file"
+    DIRECTORY = "directory"
+    SYMLINK = "symlink"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """A guest file as ``lstat`` sees it (a symlink is reported as itself, with its
+    target). ``path`` is absolute in the guest; ``owner``/``group`` are guest names where
+    the guest's passwd/group name them, else the numeric id."""
+
+    name: str
+    path: str
+    type: FileType
+    size: int
+    mode: int  # permission bits and file type, as st_mode
+    owner: str
+    group: str
+    modified_time: float
+    symlink_target: str | None = None
+    # User metadata kept with a regular file (the ``user.e2b.*`` extended attributes).
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class FsChange(enum.IntEnum):
+    """What happened to a watched directory's entry (inotify's kinds, as fsnotify names them)."""
+
+    CREATE = 1
+    WRITE = 2
+    REMOVE = 3
+    RENAME = 4
+    CHMOD = 5
+
+
+@dataclass(frozen=True)
+class FsEvent:
+    change: FsChange
+    name: str  # relative to the watched directory
+
+
+@dataclass(frozen=True)
+class WatcherChanges:
+    """What a kept watcher saw since the last call, with what it was created for."""
+
+    path: str  # the watched directory, as a guest path
+    include_entry: bool
+    events: tuple[FsEvent, ...]
+
+
+class DirWatch(Protocol):
+    """A directory followed for changes until closed (iterating blocks until the next)."""
+
+    def __iter__(self) -> Iterator[FsEvent]: ...
+    def close(self) -> None: ...
 
 
 class Guest(Protocol):

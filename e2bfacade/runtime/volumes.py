@@ -10,7 +10,7 @@ leave a volume as it is: a snapshot or a fork does not include it.
 The content API (``VolumeFiles``) works on the same files from the host, resolving every
 path inside the volume (symlinks, ``..`` and mount points never lead out of it; only
 regular files are read or written), streaming with bounded memory. Its errors are
-:class:`~e2bfacade.runtime.base.GuestFileError` with the errno, as the guest's file
+:class:`~e2bfacade.runtime.errors.GuestFileError` with the errno, as the guest's file
 operations raise.
 """
 
@@ -18,28 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
-from e2bfacade.runtime.base import FileType, SandboxRuntimeError
+from e2bfacade.runtime.errors import VolumeInUse as VolumeInUse
+from e2bfacade.runtime.errors import VolumeNotFound as VolumeNotFound
+from e2bfacade.runtime.guest import FileType
+from e2bfacade.runtime.specs import Capability
+from e2bfacade.runtime.specs import VolumeMount as VolumeMount
+
+if TYPE_CHECKING:
+    from e2bfacade.runtime.base import Runtime
 
 # At most this many volumes in one sandbox (each is one mount passed to the launcher).
 MAX_MOUNTS_PER_SANDBOX = 8
-
-
-class VolumeNotFound(SandboxRuntimeError):
-    pass
-
-
-class VolumeInUse(SandboxRuntimeError):
-    """A volume a live (running or paused) sandbox mounts cannot be deleted."""
-
-
-@dataclass(frozen=True)
-class VolumeMount:
-    """One volume in a sandbox: the runtime's volume id at an absolute, clean guest path."""
-
-    volume_id: str
-    path: str
 
 
 @dataclass(frozen=True)
@@ -137,3 +128,11 @@ class VolumeRuntime(Protocol):
         """The volumes this host stores; with ``made_before`` (seconds since the epoch),
         only those whose storage was made before then."""
         ...
+
+
+def volumes_of(runtime: Runtime) -> VolumeRuntime | None:
+    """The runtime's volumes (:class:`VolumeRuntime`), when its driver has
+    :attr:`Capability.VOLUME_MOUNTS`; None when it has none."""
+    if Capability.VOLUME_MOUNTS not in runtime.capabilities:
+        return None
+    return cast(VolumeRuntime, runtime)

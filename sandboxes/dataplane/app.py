@@ -37,7 +37,7 @@ from e2bfacade.runtime.base import (  # noqa: E402
     SandboxState,
 )
 from e2bfacade.runtime.guest import Guest  # noqa: E402
-from e2bfacade.sandbox_runtime import get_runtime  # noqa: E402
+from nodes.selectors import local_runtime, node_for_sandbox_id  # noqa: E402
 from sandboxes.dataplane import liveness, streams, template_uploads, volumes  # noqa: E402
 from sandboxes.dataplane.files import files, query_of, respond, signature  # noqa: E402
 from sandboxes.dataplane.filesystem import FilesystemService  # noqa: E402
@@ -129,7 +129,7 @@ def _guest_of(sandbox_id: str) -> Guest | None:
     state); None when it does not run. A paused one created with autoResume wakes first,
     as on E2B, if it kept its memory: traffic never cold-boots one that kept only its
     files (E2B refuses that too; connect() does it)."""
-    runtime = get_runtime()
+    runtime = local_runtime()
     try:
         return runtime.guest(sandbox_id)
     except RuntimeConflict:
@@ -163,6 +163,30 @@ def _auto_resume(sandbox_id: str) -> bool:
         return True
     finally:
         close_old_connections()
+
+
+def _held_elsewhere(sandbox_id: str) -> ApiError | None:
+    """The nodes seam's answer for a sandbox this host's runtime does not have but whose
+    row names another host (a 503, as the control plane answers); None otherwise. Read
+    only when the runtime missed: a request for a sandbox running here reads no row."""
+    from sandboxes.models import Sandbox
+
+    try:
+        host = (
+            Sandbox.objects.filter(sandbox_id=sandbox_id)
+            .exclude(state=Sandbox.State.KILLED)
+            .values_list("host", flat=True)
+            .first()
+        )
+        if host is not None:
+            node_for_sandbox_id(sandbox_id, host)
+    except ApiError as exc:
+        return exc
+    except DatabaseError:
+        log.warning("data plane: cannot read sandbox %s's host (database error)", sandbox_id)
+    finally:
+        close_old_connections()
+    return None
 
 
 _teams: dict[str, str] = {}  # sandbox id -> its team's share key (a sandbox never moves)
@@ -216,7 +240,7 @@ def _signed_target(scope: Scope) -> Target | None:
         return None
     operation = "read" if scope.get("method") == "GET" else "write"
     path, user = query.get("path", ""), query.get("username", "")
-    for info in get_runtime().list():
+    for info in local_runtime().list():
         token = info.envd_access_token
         if token and hmac.compare_digest(
             given, signature(path, operation, user, token, query.get("signature_expiration"))
@@ -254,6 +278,29 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         )
         return
     guest = await streams.call(_guest_of, target.sandbox_id)
+    if guest is None and (elsewhere := await streams.call(_held_elsewhere, target.sandbox_id)):
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        body = json_body(
+            elsewhere.status,
+            elsewhere.message,
+            sandboxId=target.sandbox_id,
+            error_code=elsewhere.error_code,
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": elsewhere.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *((k.lower().encode(), v.encode()) for k, v in elsewhere.headers.items()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        return
     if guest is None:
         # Killed, never made, or paused (no auto-resume): as E2B's proxy answers.
         if scope["type"] == "websocket":

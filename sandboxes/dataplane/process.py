@@ -37,7 +37,7 @@ from e2bfacade.runtime.base import (
     UnknownUser,
 )
 from e2bfacade.runtime.guest import Guest
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_runtime
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.target import current, response
 
@@ -185,7 +185,7 @@ async def follow(
 
 async def _still_running() -> bool:
     try:
-        info = await streams.call(get_runtime().status, current.get().sandbox.sandbox_id)
+        info = await streams.call(local_runtime().status, current.get().sandbox.sandbox_id)
     except SandboxRuntimeError:
         return False
     return info.state is SandboxState.RUNNING

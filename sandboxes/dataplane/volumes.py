@@ -28,14 +28,15 @@ import logging
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
+from e2bfacade.errors import ApiError
 from e2bfacade.runtime.base import FileType, GuestFileError, SandboxRuntimeError
-from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, VolumeRuntime
-from e2bfacade.sandbox_runtime import get_runtime
+from e2bfacade.runtime.volumes import VolumeEntry, VolumeFiles, VolumeNotFound, volumes_of
+from nodes.selectors import local_runtime, node_for_volume_id
 from sandboxes.dataplane import streams
 from sandboxes.dataplane.files import (
     PROGRESS,
@@ -223,15 +224,21 @@ def _row(volume_id: uuid.UUID) -> tuple[int, str, str, int] | None:
         close_old_connections()
 
 
-def _this_host() -> str:
-    return get_runtime().host_id
+def _check_node(volume_id: uuid.UUID, host: str) -> None:
+    """The volume's node is this one, or the seam's 503 (:mod:`nodes.selectors`) in this
+    API's error shape: the same status, message and ``Should-Retry`` as the control plane."""
+    try:
+        node_for_volume_id(volume_id, host)
+    except ApiError as exc:
+        headers = tuple((k.lower().encode(), v.encode()) for k, v in exc.headers.items())
+        raise ContentError(exc.status, exc.message, headers) from None
 
 
 def _files(volume_id: str) -> VolumeFiles:
-    runtime = get_runtime()
-    if not hasattr(runtime, "volume_files"):
+    runtime = volumes_of(local_runtime())  # the volume's node is this one (_check_node)
+    if runtime is None:
         raise ContentError(501, "this host's runtime has no volumes")
-    return cast(VolumeRuntime, runtime).volume_files(volume_id)
+    return runtime.volume_files(volume_id)
 
 
 async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:
@@ -259,14 +266,7 @@ async def _volume(scope: Scope, volume_text: str) -> tuple[int, uuid.UUID]:
         raise ContentError(409, f"volume {volume_id} is being deleted")
     if state != Volume.State.READY:
         raise ContentError(409, f"volume {volume_id} is not ready yet: try again shortly")
-    here = await streams.call(_this_host)
-    if host and host != here:
-        raise ContentError(
-            503,
-            f"volume {volume_id} is held by host {host}, not by this one ({here}): send the "
-            "request to that host's data plane",
-            ((b"should-retry", b"false"),),
-        )
+    await streams.call(_check_node, volume_id, host)
     return team_id, volume_id
 
 

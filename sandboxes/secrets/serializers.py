@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from e2bfacade.fields import NullMeansAbsent, StrictCharField
@@ -40,6 +41,7 @@ class SecretValueField(StrictCharField):
         return value
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
 class SecretMetadataField(serializers.Field):  # type: ignore[type-arg]
     """E2B's ``SecretMetadata``: string values, at most 32 entries, keys of at most 128
     bytes, values of at most 1024, 8192 bytes in total."""

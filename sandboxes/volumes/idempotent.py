@@ -13,6 +13,7 @@ from typing import Any
 from e2bfacade.errors import ApiError
 from e2bfacade.models import Team
 from idempotency.registry import Operation, register
+from nodes.selectors import is_local
 from sandboxes.models import Volume
 from sandboxes.volumes import services
 from sandboxes.volumes.serializers import volume_and_token
@@ -38,7 +39,7 @@ def _create(
 def _here(params: dict[str, str], rid: str) -> bool:
     """Whether this host holds the volume being created (or none holds it yet)."""
     host = Volume.objects.filter(pk=rid).values_list("host", flat=True).first()
-    return host in (None, "", services.this_host())
+    return is_local(host)
 
 
 def _undo(rid: str) -> bool:

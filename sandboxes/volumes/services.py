@@ -32,11 +32,17 @@ from e2bfacade.failpoints import failpoint
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import Capability, SandboxRuntimeError
 from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeInUse, VolumeRuntime
-from e2bfacade.sandbox_runtime import get_runtime
 from idempotency.models import IdempotencyRecord
+from nodes.selectors import (
+    Node,
+    local_node,
+    local_runtime,
+    node_for_volume,
+    node_named,
+    runtime_for,
+)
 from sandboxes.admission import volume_admit
 from sandboxes.models import SandboxVolumeMount, Volume
-from sandboxes.transitions import host_label
 
 logger = logging.getLogger(__name__)
 State = Volume.State
@@ -61,21 +67,20 @@ class VolumeBudgetExceeded(BadRequest):
 
 
 # ------------------------------------------------------------------------------ helpers
-def volume_runtime() -> VolumeRuntime:
-    """The process's runtime as volumes need it, built outside any transaction (call it
-    first). Without :attr:`Capability.VOLUME_MOUNTS` a create or a delete answers 403, as
-    E2B does while volumes are not enabled (the reads answer from the database)."""
+def volume_runtime(volume: Volume | None = None) -> VolumeRuntime:
+    """The runtime as volumes need it — ``volume``'s node's (a 503 for a volume another host
+    stores, :func:`nodes.selectors.node_for_volume`), else this node's — built outside any
+    transaction (call it first). Without :attr:`Capability.VOLUME_MOUNTS` a create or a
+    delete answers 403, as E2B does while volumes are not enabled (the reads answer from
+    the database)."""
+    node = None if volume is None else node_for_volume(volume)
     message = capabilities.refusal(Capability.VOLUME_MOUNTS)
     if message:
         raise ApiError(message, status=403, error_code="volumes_not_supported")
     try:
-        return cast(VolumeRuntime, get_runtime())
+        return cast(VolumeRuntime, runtime_for(node or local_node()))
     except SandboxRuntimeError as exc:  # this host cannot run its runtime at all
         raise ServiceUnavailable(exc.message, headers={"Should-Retry": "false"}) from exc
-
-
-def this_host() -> str:
-    return get_runtime().host_id
 
 
 def volume_not_found() -> NotFound:
@@ -94,19 +99,6 @@ def check_name(name: str) -> None:
         raise BadRequest("Invalid volume name")  # E2B's text
     if len(name) > MAX_NAME:
         raise BadRequest(f"Invalid volume name: at most {MAX_NAME} characters")
-
-
-def check_volume_host(volume: Volume) -> None:
-    """Raise unless this host holds the volume's storage: only that host creates, mounts,
-    serves or deletes it (several hosts may share one database)."""
-    host = this_host()
-    if volume.host and volume.host != host:
-        raise ServiceUnavailable(
-            f"volume {volume.volume_id} is stored on another host of this service (host "
-            f"{host_label(volume.host)}), not on this one: send the request to that host's API",
-            error_code="volume_on_another_host",
-            headers={"Should-Retry": "false"},
-        )
 
 
 # What a runtime's volume operation may raise: its own errors, and the host's (a full disk,
@@ -147,7 +139,7 @@ def volume_reserve(*, team: Team, name: str, volume_id: str) -> Volume:
             f"the team's volumes may allocate at most {budget} MB together; {allocated} MB "
             f"are allocated and a new volume takes {size} MB: delete a volume first"
         )
-    host = volume_admit(size_mb=size)  # the host's disk holds it beside sandboxes and volumes
+    node = volume_admit(size_mb=size)  # the host's disk holds it beside sandboxes and volumes
     now = timezone.now()
     try:
         with transaction.atomic():  # a savepoint: the unique constraint stays the arbiter
@@ -158,7 +150,7 @@ def volume_reserve(*, team: Team, name: str, volume_id: str) -> Volume:
                 state=State.CREATING,
                 state_changed_at=now,
                 size_mb=size,
-                host=host,
+                host=node.host_id,
             )
     except IntegrityError:
         raise BadRequest(f"Volume with name '{name}' already exists") from None
@@ -171,8 +163,7 @@ def volume_start(*, volume: Volume) -> Volume:
     A runtime failure rolls the storage back: when that worked, the row goes too and
     :class:`NothingAllocated` is raised (an Idempotency-Key is released); when it did not,
     the row stays ``creating`` for a retry with the key, or the sweep, to finish."""
-    check_volume_host(volume)
-    runtime = volume_runtime()
+    runtime = volume_runtime(volume)  # only the volume's host makes its storage
     try:
         runtime.create_volume(volume.runtime_id, volume.size_mb)
     except STORAGE_ERRORS as exc:
@@ -241,6 +232,7 @@ def volume_delete(*, team: Team, volume_id: str) -> None:
     which the next DELETE (or the sweep) finishes."""
     pk = parse_volume_id(volume_id)
     volume_runtime()  # built outside the transaction
+    here = local_node()
     with transaction.atomic():
         # Locked: a create mounting it locks it too (volume_mounts_resolve), so either that
         # sandbox's mount is committed and seen here, or the create sees "deleting".
@@ -252,7 +244,7 @@ def volume_delete(*, team: Team, volume_id: str) -> None:
         )
         if volume is None:
             raise volume_not_found()
-        check_volume_host(volume)
+        node_for_volume(volume, local=here)  # 503 for a volume another host stores
         if volume.state == State.READY:
             users = list(volume.live_mounts().values_list("sandbox_id", flat=True)[:5])
             if users:
@@ -265,7 +257,7 @@ def volume_delete(*, team: Team, volume_id: str) -> None:
 def volume_finish_delete(*, volume: Volume) -> None:
     """Remove a ``deleting`` volume's storage, then its row (and the mounts killed
     sandboxes recorded). Idempotent."""
-    runtime = volume_runtime()
+    runtime = volume_runtime(volume)
     try:
         runtime.delete_volume(volume.runtime_id)
     except VolumeInUse as exc:
@@ -302,7 +294,7 @@ def volume_sweep(*, older_than: datetime, orphans_made_before: datetime | None =
 
 def volume_sweep_rows(*, older_than: datetime) -> list[str]:
     removed = []
-    host = this_host()
+    host = local_node().host_id
     stale = Volume.objects.filter(
         host__in=[host, ""],
         state__in=[State.CREATING, State.DELETING],
@@ -342,7 +334,7 @@ def volume_sweep_orphans(*, made_before: datetime | None = None) -> list[str]:
     Logs and counts each removal; returns the ids removed."""
     if capabilities.refusal(Capability.VOLUME_MOUNTS):
         return []
-    runtime = cast(VolumeRuntime, get_runtime())
+    runtime = cast(VolumeRuntime, local_runtime())
     cutoff = made_before or timezone.now() - ORPHAN_GRACE
     try:
         listed = runtime.volume_ids(made_before=cutoff.timestamp())  # before the rows
@@ -397,10 +389,11 @@ def mount_path_problem(path: str) -> str | None:
 
 
 def volume_mounts_resolve(
-    *, team: Team, mounts: Sequence[tuple[str, str]], host: str
+    *, team: Team, mounts: Sequence[tuple[str, str]], node: Node
 ) -> list[tuple[Volume, str]]:
     """A create's ``volumeMounts`` as ``(volume, path)``, validated as E2B does (each volume
-    exists in the team, each path is absolute and clean, no path twice) and on this host.
+    exists in the team, each path is absolute and clean, no path twice) and on ``node``,
+    the node the sandbox is placed on.
     Every problem is reported at once, in E2B's text. The volumes are locked until the
     caller's transaction commits the sandbox and its mounts (see :func:`volume_delete`)."""
     if not mounts:
@@ -439,12 +432,13 @@ def volume_mounts_resolve(
             invalid.append((index, f"path '{path}' is nested with '{outer}', another mount's"))
             continue
         used.add(path)
-        if volume.host and volume.host != host:
+        stored_on = node_named(volume.host, local=node)
+        if stored_on != node:
             invalid.append(
                 (
                     index,
                     f"volume '{name}' is stored on another host of this service (host "
-                    f"{host_label(volume.host)}), not on this one: a sandbox mounts only "
+                    f"{stored_on.label}), not on this one: a sandbox mounts only "
                     "the volumes of its own host",
                 )
             )

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.conf import settings
 
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_runtime
 from templates.builds import images, names, registry
 from templates.builds import tags as tagging
 from templates.builds.executor import Base
@@ -78,7 +78,7 @@ def _from_image(team_id: int, ref: str, auth: dict[str, Any] | None) -> Base:
         )
         # Named by the cache entry: pulled with credentials, the image is the team's own.
         image_id = images.image_id_for(pulled)
-        info = images.import_pulled(get_runtime(), image_id, pulled)
+        info = images.import_pulled(local_runtime(), image_id, pulled)
     except registry.PullFailed as exc:
         raise BaseUnavailable(exc.message) from None
     return Base(

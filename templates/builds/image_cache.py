@@ -59,7 +59,8 @@ from e2bfacade.runtime.base import (
     SandboxRuntimeError,
     StartCommand,
 )
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
+from e2bfacade.runtime.local.storage.image_meta import ImageMeta
 from e2bfacade.runtime.local.storage.images import HOST_ETC_COPIES
 from templates.builds import caches
 from templates.builds import steps as S
@@ -81,8 +82,6 @@ CODE = (
     Path(__file__),
 )
 DPKG_STATUS = Path("/var/lib/dpkg/status")
-# What a layer's image.json may hold for the restore to reproduce it exactly.
-LAYER_KEYS = {"parent", "host_binds", "env", "start", "workdir", "size", "xattrs", "created"}
 TAR = ["tar", "--format=posix", "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls"]
 TAR_TIMEOUT = 900.0
 MAX_LOG_LINES = 20000
@@ -175,7 +174,7 @@ class ImageCache:
     them: a directory per layer, ``rootfs/`` and ``image.json``)."""
 
     def __init__(
-        self, directory: Path, runtime: LocalRuntime, *, namespace: str, base: str, internet: bool
+        self, directory: Path, runtime: HostRuntime, *, namespace: str, base: str, internet: bool
     ) -> None:
         self.directory = directory
         self.runtime = runtime
@@ -377,7 +376,7 @@ class ImageCache:
         except CacheError as exc:
             logger.info("image %s is not kept in the image cache: %s", image_id, exc)
             return False
-        names = {m["id"]: m["id"].removeprefix(self.namespace) for m in layers}
+        names = {m.image_id: m.image_id.removeprefix(self.namespace) for m in layers}
         entry = self.entry(cache_key)
         with self.locked(cache_key):
             if (entry / "manifest.json").is_file():
@@ -390,7 +389,7 @@ class ImageCache:
                     "made_by": made_by,
                     "made_at": time.time(),
                     "layers": [
-                        self._pack(work, n, m, names[m["id"]]) for n, m in enumerate(layers)
+                        self._pack(work, n, m, names[m.image_id]) for n, m in enumerate(layers)
                     ],
                     "remembered": [
                         {"layer_hash": h, "name": names[i], "context": c}
@@ -408,34 +407,41 @@ class ImageCache:
         prune()
         return True
 
-    def _layers(self, image_id: str) -> list[dict[str, Any]]:
-        """The chain of ``image_id`` above base, bottom first, each its image.json and id;
-        CacheError unless a restore would make each exactly."""
+    def _layers(self, image_id: str) -> list[ImageMeta]:
+        """The chain of ``image_id`` above base, bottom first; CacheError unless a restore
+        (``build_image`` of each layer's files, environment, start command and workdir)
+        would make each exactly."""
         chain = self.runtime.images.chain(image_id)
-        if len(chain) < 2 or chain[-1]["id"] != BUILTIN_IMAGE:
+        if len(chain) < 2 or chain[-1].image_id != BUILTIN_IMAGE:
             raise CacheError("its chain is not over the builtin base")
         layers = list(reversed(chain[:-1]))
         for meta in layers:
-            if not meta["id"].startswith(self.namespace):
-                raise CacheError(f"layer {meta['id']} is not the team's")
-            if (
-                set(meta) - LAYER_KEYS - {"id"}
-                or meta.get("host_binds")
-                or (meta.get("xattrs") != "user")
-            ):
-                raise CacheError(f"layer {meta['id']} has metadata a restore would not make")
+            if not meta.image_id.startswith(self.namespace):
+                raise CacheError(f"layer {meta.image_id} is not the team's")
+            # All but what a restore gives back must be at its default: host binds, a
+            # memory checkpoint or another xattr namespace would not be made again.
+            rest = dataclasses.replace(
+                meta, parent=None, env={}, start=None, workdir=None, size=0, created=0.0,
+                xattrs=None,
+            )  # fmt: skip
+            if rest != ImageMeta(image_id=meta.image_id) or meta.xattrs != "user":
+                raise CacheError(f"layer {meta.image_id} has metadata a restore would not make")
         return layers
 
-    def _pack(self, work: Path, n: int, meta: dict[str, Any], name: str) -> dict[str, Any]:
+    def _pack(self, work: Path, n: int, meta: ImageMeta, name: str) -> dict[str, Any]:
         archive = work / f"{n}.tar"
-        rootfs = self.runtime.layout.image_dir(meta["id"]) / "rootfs"
+        rootfs = self.runtime.images.layer(meta.image_id)
         _tar(["--create", "--sparse", "--file", str(archive), "--directory", str(rootfs), "."])
         return {
             "name": name,
             "archive": archive.name,
             "size": archive.stat().st_size,
             "sha256": _sha256(archive),
-            "meta": {k: meta[k] for k in ("env", "start", "workdir") if meta.get(k)},
+            "meta": {
+                "env": dict(meta.env),
+                "start": dataclasses.asdict(meta.start) if meta.start else None,
+                "workdir": meta.workdir,
+            },
         }
 
 
@@ -446,7 +452,7 @@ def for_build(
     whose images are directories of this host (the local drivers)."""
     from templates.builds.executor import image_namespace
 
-    if not system or base != BUILTIN_IMAGE or not isinstance(runtime, LocalRuntime):
+    if not system or base != BUILTIN_IMAGE or not isinstance(runtime, HostRuntime):
         return None
     return ImageCache(
         settings.TEMPLATE_IMAGE_CACHE_DIR,

@@ -24,7 +24,8 @@ from django.utils import timezone
 from e2bfacade import crypto
 from e2bfacade.errors import ApiError, AtCapacity, BadRequest, ServiceUnavailable
 from e2bfacade.models import Team
-from e2bfacade.runtime.base import Runtime, SandboxRuntimeError
+from e2bfacade.runtime.base import SandboxRuntimeError
+from nodes.selectors import Node, local_node, node_capacity
 from templates.builds import names, wakeup
 from templates.models import (
     DEFAULT_TAG,
@@ -161,29 +162,28 @@ def _expire_waiting(team: Team) -> None:
 
 
 def _this_host() -> str:
-    return _runtime().host_id
+    return _node().host_id
 
 
-def _runtime() -> Runtime:
-    """The runtime, or a 503 saying why there is none (a build needs its host's)."""
-    from e2bfacade.sandbox_runtime import get_runtime
-
+def _node() -> Node:
+    """The node that runs a build (this one: its archives are here), or a 503 saying why
+    it has no runtime (a build needs its host's)."""
     try:
-        runtime = get_runtime()
-        runtime.capacity()
+        node = local_node()
+        node_capacity(node)
     except SandboxRuntimeError as exc:
         raise ServiceUnavailable(
             f"template builds are unavailable on this host: {exc.message}",
             headers={"Retry-After": "5"},
         ) from exc
-    return runtime
+    return node
 
 
 def _check_fits(name: str, cpu: int, memory: int) -> None:
     from templates.services import DEFAULT_PIDS_MAX, template_fits
 
     template_fits(
-        _runtime().capacity(),
+        node_capacity(_node()),
         name=name,
         cpu_count=cpu,
         memory_mb=memory,

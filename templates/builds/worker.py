@@ -27,7 +27,7 @@ from django.utils import timezone
 from e2bfacade import crypto
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_node, local_runtime
 from templates.builds import bases, files, image_cache, tags, wakeup
 from templates.builds.bounds import ImageBudget
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan, image_namespace
@@ -175,7 +175,7 @@ class Reporter:
             entry.delete()
             return None
         try:
-            get_runtime().image_info(entry.image_id)
+            local_runtime().image_info(entry.image_id)
         except SandboxRuntimeError:
             entry.delete()  # its image was swept
             return None
@@ -285,7 +285,7 @@ def claim_build(build_id: uuid.UUID, owner: str) -> TemplateBuild | None:
 def run(build: TemplateBuild, owner: str) -> None:
     """Run one claimed build to its end (or until it is no longer ours)."""
     if build.attempts > MAX_ATTEMPTS:
-        get_runtime().kill(build.sandbox_id)
+        local_runtime().kill(build.sandbox_id)
         finish_error(
             build,
             f"the build was interrupted {MAX_ATTEMPTS} times (its build worker ended "
@@ -298,7 +298,7 @@ def run(build: TemplateBuild, owner: str) -> None:
     # From the build's first claim: a re-drive does not get its time again.
     left = limit - (timezone.now() - (build.running_since or timezone.now())).total_seconds()
     if left <= 0:
-        get_runtime().kill(build.sandbox_id)
+        local_runtime().kill(build.sandbox_id)
         finish_error(build, _timed_out(limit), step=None, owner=owner)
         return
     lease = Lease(build, owner, deadline=time.monotonic() + left)
@@ -308,7 +308,7 @@ def run(build: TemplateBuild, owner: str) -> None:
         report.log(f"Resuming the build (attempt {build.attempts})", level="warn")
     else:
         report.log(f"Building template {build.template_id}/{build.build_id}")
-    runtime = get_runtime()
+    runtime = local_runtime()
     spec = build.spec or {}
     plan = Plan(
         team_id=build.team_id,
@@ -447,7 +447,7 @@ def loop(stop: threading.Event) -> None:
         while not stop.is_set():
             close_old_connections()
             try:
-                build = claim(owner, host=get_runtime().host_id)
+                build = claim(owner, host=local_node().host_id)
             except Exception:
                 logger.exception("claiming a build failed; trying again")
                 build = None

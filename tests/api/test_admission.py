@@ -17,6 +17,8 @@ from templates.models import BUILD_DISK_MB, TemplateBuild
 from tests.api.helpers import postgres_only, run_at_once
 from tests.support.factories import SandboxFactory, TeamFactory, TemplateFactory
 
+pytestmark = pytest.mark.both_databases
+
 
 def create(client: APIClient, key: str | None = None, **fields: Any) -> Any:
     headers = {"Idempotency-Key": key} if key else {}

@@ -16,6 +16,8 @@ from sandboxes.models import Sandbox
 from tests.api.helpers import assert_error
 from tests.support.factories import SandboxFactory, TemplateFactory
 
+pytestmark = pytest.mark.both_databases
+
 State = Sandbox.State
 LISTED_FIELDS = {
     "templateID",

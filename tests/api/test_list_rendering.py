@@ -21,7 +21,7 @@ from sandboxes.serializers import (
 )
 from tests.support.factories import SandboxFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.both_databases, pytest.mark.django_db]
 
 
 def test_listed_rows_renders_what_the_serializer_renders(team: Team) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
+
+pytestmark = pytest.mark.both_databases
 
 BODY = {"templateID": "base", "timeout": 600}
 

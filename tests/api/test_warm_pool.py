@@ -17,7 +17,8 @@ from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.pools import warm
 from sandboxes import worker
 from templates.models import Template
-from tests.runtime.helpers import ok, wait_until
+from tests.runtime.helpers import ok
+from tests.support.waiting import eventually
 
 BODY = {"templateID": "base", "timeout": 300, "envVars": {"FROM": "the-create"}}
 
@@ -32,7 +33,7 @@ def test_a_templates_warm_pool_serves_its_creates_exactly_once(
     runtime.ensure_base_image()  # built by a host's first create otherwise
     Template.objects.filter(pk="base").update(warm_pool=1)
     assert "base" in worker.sandbox_keep_warm()
-    assert wait_until(lambda: len(ready(runtime)) == 1, timeout=30)
+    eventually(lambda: ready(runtime), until=lambda r: len(r) == 1, within=30, what="1 ready")
     [pool_dir] = ready(runtime)
     pool_init = json.loads((pool_dir / "state.json").read_text())["init_pid"]
     assert api_client.get("/v2/sandboxes").json() == []  # no one's sandbox
@@ -48,7 +49,7 @@ def test_a_templates_warm_pool_serves_its_creates_exactly_once(
     again = api_client.post("/v2/sandboxes", BODY, format="json", **key)  # type: ignore[arg-type]
     assert again.content == created.content and again["Idempotent-Replayed"] == "true"
     assert [s["sandboxID"] for s in api_client.get("/v2/sandboxes").json()] == [sid]
-    assert wait_until(lambda: len(ready(runtime)) == 1, timeout=30)  # refilled behind it
+    eventually(lambda: ready(runtime), until=lambda r: len(r) == 1, within=30, what="a refill")
     assert [s["sandboxID"] for s in api_client.get("/v2/sandboxes").json()] == [sid]
 
     # Emptied: the worker's next pass ends the pool's sandbox, and a create starts its own.

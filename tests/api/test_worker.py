@@ -22,6 +22,8 @@ from sandboxes.models import Sandbox
 from tests.api.helpers import postgres_only, run_at_once, runtime_state
 from tests.support.factories import SandboxFactory
 
+pytestmark = pytest.mark.both_databases
+
 CreateSandbox = Callable[..., dict[str, Any]]
 State = Sandbox.State
 LONG_AGO = timedelta(hours=1)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, ServerError, live_server, manage
 
 # Where a package install on the host would land: the service's venv and Debian's python3.
@@ -80,11 +81,7 @@ def ci_server(ci_build: CiBuild) -> LiveServer:
 
 @pytest.fixture
 def ci_env(ci_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", ci_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", ci_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", ci_server.api_key)
+    point_sdk(monkeypatch, ci_server, ci_server.api_key)
     return ci_server
 
 

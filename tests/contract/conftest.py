@@ -13,7 +13,6 @@ import os
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
@@ -98,40 +97,10 @@ def other_http(live_server_e2b: LiveServer) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def delete_snapshot_later(live_server_e2b: LiveServer) -> Iterator[Callable[[str], str]]:
-    """Register a snapshot id to delete at teardown, after the test's sandboxes are killed
-    (``kill_later`` depends on this fixture, so it is torn down first)."""
-    ids: list[str] = []
-
-    def register(snapshot_id: str) -> str:
-        ids.append(snapshot_id)
-        return snapshot_id
-
-    yield register
-    with httpx.Client(
-        base_url=live_server_e2b.url, headers={"X-API-Key": live_server_e2b.api_key}, timeout=30
-    ) as client:
-        for snapshot_id in ids:
-            client.delete(f"/templates/{quote(snapshot_id, safe='')}")
-
-
-@pytest.fixture
-def kill_later(
-    live_server_e2b: LiveServer, delete_snapshot_later: Callable[[str], str]
-) -> Iterator[Callable[[str], str]]:
-    """Register a sandbox id to kill at teardown (a 404 then is fine: the test killed it)."""
-    ids: list[str] = []
-
-    def register(sandbox_id: str) -> str:
-        ids.append(sandbox_id)
-        return sandbox_id
-
-    yield register
-    with httpx.Client(
-        base_url=live_server_e2b.url, headers={"X-API-Key": live_server_e2b.api_key}, timeout=30
-    ) as client:
-        for sandbox_id in ids:
-            client.delete(f"/sandboxes/{sandbox_id}")
+def cleanup_server(live_server_e2b: LiveServer) -> LiveServer:
+    """Where ``kill_later`` and ``delete_template_later`` (tests/support/cleanup.py) delete
+    what a test made; a 404 then is fine (the test deleted it itself)."""
+    return live_server_e2b
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 import httpx
 
+from tests.support.waiting import eventually
+
 TERMINAL = ("ready", "error")
 # The one template name the raw-protocol modules make their never-started builds under: each
 # new request supersedes the waiting build before it, so at most one is left waiting (a
@@ -106,17 +108,20 @@ def wait_build(
     """Poll until the build ends (as the SDK does, paging the log); returns the terminal
     status and every log entry."""
     entries: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = status(http, template_id, build_id, logsOffset=len(entries), limit=100)
-        assert r.status_code == 200, r.text
-        info = r.json()
-        entries += info["logEntries"]
-        if info["status"] in TERMINAL and not info["logEntries"]:
-            return info, entries
-        if not info["logEntries"]:
-            time.sleep(0.2)
-    raise AssertionError(f"build {build_id} did not end within {timeout} s")
+
+    def ended() -> dict[str, Any] | None:
+        """The terminal status once the build has ended and its log is read to the end."""
+        while True:  # page on while there is more log
+            r = status(http, template_id, build_id, logsOffset=len(entries), limit=100)
+            assert r.status_code == 200, r.text
+            info: dict[str, Any] = r.json()
+            entries.extend(info["logEntries"])
+            if not info["logEntries"]:
+                return info if info["status"] in TERMINAL else None
+
+    info = eventually(ended, within=timeout, every=0.2, what=f"build {build_id} to end")
+    assert info is not None  # eventually returns a value that holds
+    return info, entries
 
 
 def build_raw(

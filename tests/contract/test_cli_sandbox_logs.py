@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from e2b import Sandbox
 from tests.contract.test_cli_templates import CLI, JS_DIR, cli
 from tests.support.live_server import LiveServer
 from tests.support.node_support import npm_ci, require_node
+from tests.support.waiting import eventually, stays
 
 
 def test_cli_prints_a_sandboxs_lifecycle_logs(
@@ -62,15 +62,22 @@ def test_cli_follows_a_sandboxs_logs_until_it_ends(
             text=True,
         )
         try:
-            assert follow.stdout is not None
-            seen = ""
-            deadline = time.monotonic() + 60
-            while "sandbox created from template" not in seen:
-                assert time.monotonic() < deadline, seen
-                seen += follow.stdout.readline()
+            stdout = follow.stdout
+            assert stdout is not None
+            lines: list[str] = []
+
+            def read_line() -> str:
+                lines.append(stdout.readline())
+                return "".join(lines)
+
+            seen = eventually(
+                read_line,
+                until=lambda text: "sandbox created from template" in text,
+                within=60,
+                what="the creation's log line",
+            )
             # Still following: it has not stopped while the sandbox runs.
-            time.sleep(1.5)
-            assert follow.poll() is None, seen
+            stays(lambda: follow.poll() is not None, for_=1.5, what="the CLI stopping early")
             sandbox.kill()
             rest, _ = follow.communicate(timeout=60)
         finally:

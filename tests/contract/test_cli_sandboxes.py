@@ -22,7 +22,7 @@ from tests.support.live_server import LiveServer
 def test_cli_drives_a_sandbox_through_its_life(
     envd_env: LiveServer,
     sandbox: Sandbox,
-    delete_snapshot_later: Callable[[str], str],
+    delete_template_later: Callable[[str], str],
     tmp_path: Path,
 ) -> None:
     server, sid = envd_env, sandbox.sandbox_id
@@ -43,7 +43,7 @@ def test_cli_drives_a_sandbox_through_its_life(
     assert sid in {s["sandboxId"] for s in paused}, paused
     mine = [s for s in snapshots if name in json.dumps(s)]
     assert len(mine) == 1, snapshots
-    snapshot_id = delete_snapshot_later(mine[0]["snapshotId"])
+    snapshot_id = delete_template_later(mine[0]["snapshotId"])
 
     cli(server, "sandbox", "snapshot", "delete", snapshot_id, cwd=tmp_path)
     cli(server, "sandbox", "kill", sid, cwd=tmp_path)

@@ -12,6 +12,8 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException
 from e2b.sandbox.commands.command_handle import PtySize
 
+from tests.support.waiting import eventually_async
+
 pytestmark = pytest.mark.usefixtures("envd_env")
 Register = Callable[[str], str]
 
@@ -56,11 +58,13 @@ def test_a_terminal_has_its_size_takes_input_and_resizes(kill_later: Register) -
         seen = bytearray()
         terminal = await asbx.pty.create(PtySize(rows=24, cols=80), on_data=seen.extend)
         await asbx.pty.send_stdin(terminal.pid, b"stty size\n")
-        for _ in range(100):
-            if b"24 80" in seen:
-                break
-            await asyncio.sleep(0.05)
-        assert b"24 80" in seen
+
+        async def printed() -> bytes:
+            return bytes(seen)
+
+        await eventually_async(
+            printed, until=lambda out: b"24 80" in out, within=10, what="the size printed"
+        )
         await asbx.pty.resize(terminal.pid, PtySize(rows=30, cols=100))
         await asbx.pty.send_stdin(terminal.pid, b"stty size; exit\n")
         await terminal.wait()

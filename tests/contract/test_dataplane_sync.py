@@ -24,6 +24,7 @@ from e2b import (
 )
 
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("envd_env")
 
@@ -104,8 +105,13 @@ def test_the_timeout_is_the_commands_lifetime(sbx: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sbx.commands.run("sleep 30", timeout=1)
     assert time.monotonic() - started < 10
-    time.sleep(0.3)
-    assert "sleep 30" not in sbx.commands.run("ps -eo args").stdout
+    eventually(
+        lambda: sbx.commands.run("ps -eo args").stdout,
+        until=lambda ps: "sleep 30" not in ps,
+        within=5,
+        every=0.1,
+        what="the timed-out command ended",
+    )
 
 
 # --------------------------------------------------------------------------------- files
@@ -225,13 +231,14 @@ def test_a_port_inside_the_sandbox_is_forwarded(sbx: Sandbox, envd_env: LiveServ
     sbx.commands.run("mkdir -p /tmp/www && echo served > /tmp/www/index.html")
     server = sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
     headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"}
-    got = None
-    for _ in range(100):
-        got = httpx.get(f"{envd_env.sandbox_url}/index.html", headers=headers)
-        if got.status_code == 200:
-            break
-        time.sleep(0.1)
-    assert got is not None and got.status_code == 200 and got.text == "served\n"
+    got = eventually(
+        lambda: httpx.get(f"{envd_env.sandbox_url}/index.html", headers=headers),
+        until=lambda got: got.status_code == 200,
+        within=20,
+        every=0.1,
+        what="the guest's server answering",
+    )
+    assert got.text == "served\n"
     closed = httpx.get(
         envd_env.sandbox_url,
         headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8001"},
@@ -249,14 +256,24 @@ def test_a_watched_directory_reports_its_changes(sbx: Sandbox) -> None:
     sbx.files.write("/home/user/w/sub/b.txt", "b")
     sbx.files.remove("/home/user/w/a.txt")
     seen: set[tuple[str, FilesystemEventType]] = set()
-    for _ in range(50):
-        seen |= {(e.name, e.type) for e in handle.get_new_events()}
-        if ("a.txt", FilesystemEventType.REMOVE) in seen and (
-            "sub/b.txt",
-            FilesystemEventType.WRITE,
-        ) in seen:
-            break
-        time.sleep(0.1)
+
+    def collected() -> set[tuple[str, FilesystemEventType]]:  # each call: the new ones
+        seen.update((e.name, e.type) for e in handle.get_new_events())
+        return seen
+
+    eventually(
+        collected,
+        until=lambda seen: (
+            {
+                ("a.txt", FilesystemEventType.REMOVE),
+                ("sub/b.txt", FilesystemEventType.WRITE),
+            }
+            <= seen
+        ),
+        within=10,
+        every=0.1,
+        what="the remove and the write reported",
+    )
     assert ("a.txt", FilesystemEventType.CREATE) in seen, seen
     assert ("sub/b.txt", FilesystemEventType.WRITE) in seen, seen
     assert ("a.txt", FilesystemEventType.REMOVE) in seen, seen
@@ -318,12 +335,12 @@ def test_watch_events_carry_entries_when_asked(sbx: Sandbox) -> None:
     sbx.files.make_dir("/home/user/we")
     handle = sbx.files.watch_dir("/home/user/we", include_entry=True)
     sbx.files.write("/home/user/we/x.txt", "12345")
-    entries = []
-    for _ in range(50):
-        entries += [e.entry for e in handle.get_new_events() if e.entry is not None]
-        if entries:
-            break
-        time.sleep(0.1)
+    entries = eventually(
+        lambda: [e.entry for e in handle.get_new_events() if e.entry is not None],
+        within=10,
+        every=0.1,
+        what="an event with its entry",
+    )
     handle.stop()
     assert entries and entries[0].path == "/home/user/we/x.txt", entries
 

@@ -4,7 +4,6 @@ stay, and ``connect`` cold-boots the same sandbox with the same access token."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -12,16 +11,9 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxState
 
+from tests.support.waiting import eventually
+
 pytestmark = pytest.mark.usefixtures("envd_env")
-
-
-def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_filesystem_pause_keeps_the_files_and_connect_cold_boots_the_same_sandbox(
@@ -53,7 +45,13 @@ def test_a_timeout_pause_without_memory_keeps_only_the_files(
         timeout=2, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
     )
     sandbox.files.write("/home/user/kept.txt", "yes")
-    assert eventually(lambda: sandbox.get_info().state == SandboxState.PAUSED)
+    eventually(
+        lambda: sandbox.get_info().state,
+        until=lambda state: state == SandboxState.PAUSED,
+        within=10,
+        every=0.1,
+        what="the sandbox paused at its timeout",
+    )
     Sandbox.connect(sandbox.sandbox_id, timeout=60)
     assert sandbox.files.read("/home/user/kept.txt") == "yes"
 

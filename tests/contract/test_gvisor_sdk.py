@@ -8,7 +8,6 @@ not a silent files-only answer. Skipped where runsc is not installed."""
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,9 +16,10 @@ from e2b import Sandbox, SandboxException, Template
 from e2bfacade.runtime.gvisor.driver import installed
 from tests.contract.template_support import unique
 from tests.support.live_checks import sandbox_detail
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.skipif(not installed(), reason="runsc is not installed")
 
@@ -42,11 +42,7 @@ def gvisor_server() -> Iterator[LiveServer]:
 
 @pytest.fixture
 def sdk(gvisor_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", gvisor_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", gvisor_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", gvisor_server.api_key)
+    point_sdk(monkeypatch, gvisor_server, gvisor_server.api_key)
     return gvisor_server
 
 
@@ -56,15 +52,23 @@ def start_counter(sandbox: Sandbox) -> tuple[str, int]:
 
 
 def read_state(sandbox: Sandbox) -> tuple[str, int]:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        parts = (
+    parts = eventually(
+        lambda: (
             sandbox.files.read("/tmp/state").split() if sandbox.files.exists("/tmp/state") else []
-        )
-        if len(parts) == 2:
-            return parts[0], int(parts[1])
-        time.sleep(0.1)
-    raise AssertionError("the counter never wrote its state")
+        ),
+        until=lambda parts: len(parts) == 2,
+        within=20,
+        every=0.1,
+        what="the counter's state",
+    )
+    return parts[0], int(parts[1])
+
+
+def counted_past(sandbox: Sandbox, n: int) -> tuple[str, int]:
+    """The counter's state once it has counted past ``n``: its process runs on."""
+    return eventually(
+        lambda: read_state(sandbox), until=lambda state: state[1] > n, within=10, what=f"{n}+1"
+    )
 
 
 def test_a_pause_keeps_memory_and_connect_continues_the_process(sdk: LiveServer) -> None:
@@ -75,8 +79,7 @@ def test_a_pause_keeps_memory_and_connect_continues_the_process(sdk: LiveServer)
         info = sandbox_detail(sdk.url, sdk.api_key, sandbox.sandbox_id)
         assert (info["state"], info["pauseMode"]) == ("paused", "full")
         resumed = Sandbox.connect(sandbox.sandbox_id, timeout=300)
-        time.sleep(0.3)
-        again = read_state(resumed)
+        again = counted_past(resumed, n)
         assert again[0] == token and again[1] > n
     finally:
         sandbox.kill()
@@ -97,7 +100,6 @@ def test_a_snapshot_and_a_fork_carry_the_running_process(sdk: LiveServer) -> Non
         ids = {s.sandbox_id for s in made}
         assert len(ids) == 4
         for copy in made[1:]:
-            time.sleep(0.2)
             assert read_state(copy)[0] == token  # the same process, continued
             assert copy.commands.run("hostname").stdout.strip() == copy.sandbox_id
         files_only = Sandbox.create(source.create_snapshot(mode="filesystem").snapshot_id)
@@ -160,8 +162,7 @@ def test_a_memory_pause_survives_a_power_cut_of_the_whole_service(sdk: LiveServe
     info = sandbox_detail(sdk.url, sdk.api_key, sandbox.sandbox_id)
     assert (info["state"], info["pauseMode"]) == ("paused", "full"), info
     resumed = Sandbox.connect(sandbox.sandbox_id, timeout=600)
-    time.sleep(0.3)
-    again = read_state(resumed)
+    again = counted_past(resumed, n)
     assert again[0] == token and again[1] > n
     resumed.kill()
 

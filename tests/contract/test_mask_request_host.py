@@ -5,12 +5,11 @@ mask, ``${PORT}`` replaced by the port."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from e2b import Sandbox, SandboxNetworkOpts
 
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 PORT = 8080
 CAPTURE = f"""python3 -c "
@@ -35,11 +34,13 @@ def test_mask_request_host_is_the_host_header_a_sandbox_port_receives(envd_env: 
     try:
         sbx.commands.run(CAPTURE, background=True)
         headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(PORT)}
-        for _ in range(100):
-            got = httpx.get(envd_env.sandbox_url, headers={**headers, "Host": "caller.example"})
-            if got.status_code == 200:
-                break
-            time.sleep(0.1)
+        eventually(
+            lambda: httpx.get(envd_env.sandbox_url, headers={**headers, "Host": "caller.example"}),
+            until=lambda got: got.status_code == 200,
+            within=20,
+            every=0.1,
+            what="the capturing server answering",
+        )
         captured = sbx.commands.run("cat /tmp/headers.txt").stdout
         assert f"Host: custom-host.example.com:{PORT}" in captured, captured
         assert "caller.example" not in captured

@@ -6,7 +6,6 @@ it; what the SDK hides (statuses, headers, body shapes) is checked in test_http_
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +24,7 @@ from e2b import (
 from packaging.version import Version
 
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 # Clock slack between the server's "now" and ours (same machine) plus request latency.
 SLACK = timedelta(seconds=3)
@@ -46,6 +46,7 @@ def list_all(query: SandboxQuery, **kwargs: object) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- create
+@pytest.mark.sqlite_smoke
 def test_create_without_arguments_starts_a_running_base_sandbox_for_300_seconds(
     sdk_env: LiveServer, kill_later: Callable[[str], str]
 ) -> None:
@@ -103,6 +104,7 @@ def test_an_invalid_api_key_raises_authentication_exception(sdk_env: LiveServer)
         Sandbox.get_info("iabc", api_key=bad)
 
 
+@pytest.mark.sqlite_smoke
 def test_a_create_retried_with_the_same_idempotency_key_returns_the_same_sandbox(
     make_sandbox: MakeSandbox, sdk_env: LiveServer, tag: str
 ) -> None:
@@ -169,6 +171,7 @@ def test_connect_to_a_running_sandbox_returns_it_and_never_shortens_its_end_time
     assert extended.state == SandboxState.RUNNING
 
 
+@pytest.mark.sqlite_smoke
 def test_connect_to_a_paused_sandbox_resumes_it(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(timeout=120)
     assert sandbox.pause() is True
@@ -322,6 +325,7 @@ def test_pause_of_an_unknown_sandbox_raises_sandbox_not_found(sdk_env: LiveServe
         Sandbox.pause("inosuchsandbox000000")
 
 
+@pytest.mark.sqlite_smoke
 def test_kill_answers_true_then_false_and_the_sandbox_is_gone(sandbox: Sandbox, tag: str) -> None:
     assert sandbox.kill() is True
     assert Sandbox.kill(sandbox.sandbox_id) is False
@@ -386,16 +390,7 @@ def test_another_team_cannot_see_or_touch_our_sandbox(
 
 
 # ---------------------------------------------------------------------------- lifecycle
-def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
-    """Poll ``check`` until it holds (the lifecycle worker acts within a tick of endAt)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
-
-
+@pytest.mark.sqlite_smoke
 def test_a_sandbox_is_killed_when_its_timeout_passes(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(timeout=1)
 
@@ -406,7 +401,8 @@ def test_a_sandbox_is_killed_when_its_timeout_passes(make_sandbox: MakeSandbox) 
             return True
         return False
 
-    assert eventually(gone), "the sandbox outlived its timeout"
+    # The lifecycle worker acts within a tick of endAt.
+    eventually(gone, within=10, every=0.1, what="the sandbox killed at its timeout")
     assert Sandbox.kill(sandbox.sandbox_id) is False
 
 
@@ -416,7 +412,12 @@ def test_a_shortened_timeout_kills_the_sandbox_at_the_new_end_time(
     sandbox = make_sandbox(timeout=600)
     sandbox.set_timeout(1)
 
-    assert eventually(lambda: Sandbox.kill(sandbox.sandbox_id) is False)
+    eventually(
+        lambda: Sandbox.kill(sandbox.sandbox_id) is False,
+        within=10,
+        every=0.1,
+        what="the sandbox killed at its new end time",
+    )
 
 
 def test_a_sandbox_created_to_pause_on_timeout_is_paused_then_resumed_by_connect(
@@ -425,7 +426,13 @@ def test_a_sandbox_created_to_pause_on_timeout_is_paused_then_resumed_by_connect
     sandbox = make_sandbox(timeout=1, lifecycle={"on_timeout": "pause"})
     assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
 
-    assert eventually(lambda: sandbox.get_info().state == SandboxState.PAUSED)
+    eventually(
+        lambda: sandbox.get_info().state,
+        until=lambda state: state == SandboxState.PAUSED,
+        within=10,
+        every=0.1,
+        what="the sandbox paused at its timeout",
+    )
 
     Sandbox.connect(sandbox.sandbox_id, timeout=60)
     info = sandbox.get_info()

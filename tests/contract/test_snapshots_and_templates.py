@@ -59,12 +59,12 @@ def assert_error(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def snapshot_of(delete_snapshot_later: Register) -> Callable[..., SnapshotInfo]:
+def snapshot_of(delete_template_later: Register) -> Callable[..., SnapshotInfo]:
     """``snapshot_of(sandbox, name=None)``: a snapshot deleted at teardown."""
 
     def take(sandbox: Sandbox, name: str | None = None) -> SnapshotInfo:
         snapshot = sandbox.create_snapshot(name=name)
-        delete_snapshot_later(snapshot.snapshot_id)
+        delete_template_later(snapshot.snapshot_id)
         return snapshot
 
     return take
@@ -199,15 +199,15 @@ def test_another_team_cannot_see_use_or_delete_our_snapshot(
 
 
 def test_snapshot_routes_answer_the_documented_shapes(
-    http: httpx.Client, sandbox: Sandbox, delete_snapshot_later: Register
+    http: httpx.Client, sandbox: Sandbox, delete_template_later: Register
 ) -> None:
     sandbox_id = sandbox.sandbox_id
     created = http.post(f"/sandboxes/{sandbox_id}/snapshots", json={})
     assert created.status_code == 201, created.text
     body = created.json()
     assert set(body) == {"snapshotID", "names"}
-    snapshot_id = delete_snapshot_later(SnapshotInfoModel.from_dict(body).snapshot_id)
-    second = delete_snapshot_later(
+    snapshot_id = delete_template_later(SnapshotInfoModel.from_dict(body).snapshot_id)
+    second = delete_template_later(
         http.post(f"/sandboxes/{sandbox_id}/snapshots").json()["snapshotID"]
     )
 

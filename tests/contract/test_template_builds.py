@@ -5,7 +5,6 @@ names and tags. One build is made per module and every read-only check reuses it
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,17 +15,15 @@ import pytest
 from e2b import BuildException, PtySize, Sandbox, Template, wait_for_timeout
 
 from tests.contract.template_support import q, request_build, unique
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")
 def sdk(live_server_e2b: LiveServer) -> Iterator[LiveServer]:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", live_server_e2b.url)
-        env.setenv("E2B_API_KEY", live_server_e2b.api_key)
-        env.setenv("E2B_SANDBOX_URL", live_server_e2b.sandbox_url)
+        point_sdk(env, live_server_e2b, live_server_e2b.api_key)
         yield live_server_e2b
 
 
@@ -155,11 +152,13 @@ def test_a_background_build_is_building_at_once_then_ready(sdk: LiveServer) -> N
     first = Template.get_build_status(info)
     assert first.status.value == "building", first
     assert first.reason is None
-    for _ in range(300):
-        now = Template.get_build_status(info, logs_offset=0)
-        if now.status.value != "building":
-            break
-        time.sleep(0.2)
+    now = eventually(
+        lambda: Template.get_build_status(info, logs_offset=0),
+        until=lambda status: status.status.value != "building",
+        within=120,
+        every=0.2,
+        what="the build to end",
+    )
     assert now.status.value == "ready", now
     assert any("sleep 2" in e.message for e in now.log_entries)
 
@@ -175,11 +174,13 @@ def test_a_failing_run_raises_e2b_text_at_its_step(sdk: LiveServer) -> None:
 def test_the_failing_step_is_named_in_the_status_reason(sdk: LiveServer) -> None:
     bad = Template().from_template("base").run_cmd("true").run_cmd("false")
     info = Template.build_in_background(bad, unique("bad"), cpu_count=1, memory_mb=512)
-    for _ in range(300):
-        status = Template.get_build_status(info)
-        if status.status.value == "error":
-            break
-        time.sleep(0.2)
+    status = eventually(
+        lambda: Template.get_build_status(info),
+        until=lambda status: status.status.value == "error",
+        within=120,
+        every=0.2,
+        what="the build to fail",
+    )
     assert status.reason is not None
     assert status.reason.message == "failed to run command 'false': exit status 1"
     assert status.reason.step == "2"

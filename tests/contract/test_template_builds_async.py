@@ -15,6 +15,7 @@ from e2b import AsyncSandbox, AsyncTemplate, BuildException, wait_for_timeout
 
 from tests.contract.template_support import unique
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually_async
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -107,11 +108,13 @@ def test_async_background_build_is_building_at_once(sdk_env: LiveServer) -> None
         )
         status = await AsyncTemplate.get_build_status(info)
         assert status.status.value == "building"
-        for _ in range(300):
-            status = await AsyncTemplate.get_build_status(info)
-            if status.status.value != "building":
-                break
-            await asyncio.sleep(0.2)
+        status = await eventually_async(
+            lambda: AsyncTemplate.get_build_status(info),
+            until=lambda status: status.status.value != "building",
+            within=120,
+            every=0.2,
+            what="the build to end",
+        )
         assert status.status.value == "ready", status
 
     run(scenario())

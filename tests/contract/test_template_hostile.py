@@ -33,8 +33,9 @@ from tests.contract.template_support import (
     upload,
     wait_build,
 )
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 STEP_TIMEOUT = 10
 LOG_CAP = 300
@@ -71,11 +72,7 @@ def canary(server: LiveServer) -> Iterator[Path]:
 @contextlib.contextmanager
 def sandbox_of(server: LiveServer, ref: str) -> Iterator[Sandbox]:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", server.url)
-        env.setenv("E2B_API_KEY", server.api_key)
-        env.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+        point_sdk(env, server, server.api_key)
         sandbox = Sandbox.create(ref, timeout=60)
         try:
             yield sandbox
@@ -232,9 +229,12 @@ def test_run_steps_reach_neither_the_api_nor_the_database_nor_the_host(
         hosts = _host_addresses()
         for address in hosts:  # the control: the host reaches every target
             socket.create_connection((address, listener.port), timeout=2).close()
-        deadline = time.monotonic() + 5
-        while listener.accepted < len(hosts) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(
+            lambda: listener.accepted,
+            until=lambda n: n >= len(hosts),
+            within=5,
+            what="the control's connections counted",
+        )
         reached = listener.accepted
         assert reached == len(hosts)
         targets = [f"127.0.0.1:{server.port}", "127.0.0.1:5432", f"127.0.0.1:{listener.port}"]
@@ -248,8 +248,16 @@ def test_run_steps_reach_neither_the_api_nor_the_database_nor_the_host(
         spec = base_spec(run_step(script))
         assert trigger(raw, made["templateID"], made["buildID"], spec).status_code == 202
         info, log = wait_build(raw, made["templateID"], made["buildID"])
-        time.sleep(0.5)
-        assert listener.accepted == reached, "a build step connected to the host"
+        # One more control, after the build: the listener accepts in arrival order, so a
+        # step's connection would be counted before this one is.
+        socket.create_connection(("127.0.0.1", listener.port), timeout=2).close()
+        eventually(
+            lambda: listener.accepted,
+            until=lambda n: n > reached,
+            within=5,
+            what="the last control connection counted",
+        )
+        assert listener.accepted == reached + 1, "a build step connected to the host"
     finally:
         listener.close()
     text = messages(log)
@@ -313,11 +321,12 @@ def test_a_run_that_never_ends_is_bounded_by_the_step_timeout(
     spec = base_spec(run_step("echo begin; sleep 600"))
     began = time.monotonic()
     assert trigger(raw, made["templateID"], made["buildID"], spec).is_success
-    running: set[str] = set()
-    while not running and time.monotonic() - began < STEP_TIMEOUT:
-        running = {i for i in server_runtime_ids(server) if i.startswith("b-")}
-        time.sleep(0.2)
-    assert running, "the build sandbox was never seen running"
+    running = eventually(
+        lambda: {i for i in server_runtime_ids(server) if i.startswith("b-")},
+        within=STEP_TIMEOUT,
+        every=0.2,
+        what="the build sandbox running",
+    )
     info, log = wait_build(raw, made["templateID"], made["buildID"], timeout=90)
     took = time.monotonic() - began
     assert info["status"] == "error", info

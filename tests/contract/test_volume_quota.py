@@ -25,7 +25,7 @@ from e2b import (
     VolumeNotFoundException,
 )
 
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 
 VOLUME_MB = 16
@@ -49,12 +49,8 @@ def server() -> Iterator[LiveServer]:
 def sdk(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
     """The SDK pointed at the server as ``scripts/serve.sh`` prints it, as the team
     ``contract``; the volume content calls go to the data plane."""
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+    point_sdk(monkeypatch, server, server.api_key)
     monkeypatch.setenv("E2B_VOLUME_API_URL", server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", server.api_key)
     return server
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +16,14 @@ import httpx
 import pytest
 
 from tests.support import live_checks as lc
-from tests.support.live_fixtures import attach_log_tails, started
+from tests.support.live_fixtures import pytest_runtest_makereport, started  # noqa: F401 - hook
 from tests.support.live_server import Deployment, LiveServer, Server
 
-# SIGKILL the process that reaches the point; or raise a runtime error there.
+# SIGKILL the process that reaches the point; or raise a runtime error there; or drop the
+# database connection there (test_lost_database.py).
 KILL_POINTS = ["runtime.pause.after", "runtime.kill.after", "runtime.create.after"]
 ERROR_POINTS = ["runtime.pause.before", "runtime.create.before", "runtime.kill.before"]
+DBDROP_POINTS = ["after_runtime_create"]
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Failpoints:
         return (self.directory / point).exists()
 
     def disarm_all(self) -> None:
-        for point in KILL_POINTS + ERROR_POINTS:
+        for point in KILL_POINTS + ERROR_POINTS + DBDROP_POINTS:
             (self.directory / point).touch()
 
 
@@ -56,7 +58,9 @@ def failpoints() -> Iterator[Failpoints]:
 
 @pytest.fixture(scope="package")
 def server(failpoints: Failpoints) -> Iterator[LiveServer]:
-    spec = ",".join(KILL_POINTS + [f"{p}=error" for p in ERROR_POINTS])
+    spec = ",".join(
+        KILL_POINTS + [f"{p}=error" for p in ERROR_POINTS] + [f"{p}=dbdrop" for p in DBDROP_POINTS]
+    )
     with started(
         E2BFACADE_FAILPOINTS=spec,
         E2BFACADE_FAILPOINT_DIR=str(failpoints.directory),
@@ -89,15 +93,6 @@ def create(http: httpx.Client, tag: str) -> str:
     )
     assert response.status_code == 201, response.text
     return str(response.json()["sandboxID"])
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    attach_log_tails(report)
-    return report
 
 
 @pytest.fixture

@@ -16,18 +16,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template
 
 from templates.builds.worker import MAX_ATTEMPTS
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_process import REPO, WORKER_INTERVAL
 from tests.support.live_server import Deployment, Server
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 LEASE_SECONDS = 3
 STEP_SECONDS = 8
@@ -42,24 +43,11 @@ def deployment(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Deployment, Se
     env = {"TEMPLATE_BUILD_LEASE_SECONDS": str(LEASE_SECONDS)}
     with Deployment(teams=1, prefix="e2bk", extra_env=env) as dep:
         server = dep.server(lifecycle_worker=True)
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("E2B_API_URL", server.url)
-        monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
-        monkeypatch.setenv("E2B_API_KEY", dep.take_team().api_key)
+        point_sdk(monkeypatch, server, dep.take_team().api_key)
         yield dep, server
 
 
 # ------------------------------------------------------------------------------ helpers
-def wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {seconds}s: {what}")
-
-
 def pids_running(marker: str) -> list[int]:
     """The processes (on the host, so in every sandbox too) whose command line holds
     ``marker``: the build step's shell while it runs."""
@@ -142,17 +130,19 @@ def wait_step_running(
         pids = set(pids_running(marker))
         return attempts == attempt and bool(pids) and not pids & before
 
-    wait_for(f"attempt {attempt}'s sleeping step", running, RUNNING_SECONDS)
+    eventually(running, within=RUNNING_SECONDS, every=0.1, what=f"attempt {attempt}'s sleep")
     return frozenset(pids_running(marker))
 
 
 def wait_finished(dep: Deployment, build_id: str) -> str:
-    wait_for(
-        "the build to finish",
-        lambda: build_row(dep, build_id)[0] in ("ready", "error"),
-        FINISH_SECONDS,
+    status, _, _ = eventually(
+        lambda: build_row(dep, build_id),
+        until=lambda row: row[0] in ("ready", "error"),
+        within=FINISH_SECONDS,
+        every=0.1,
+        what="the build to finish",
     )
-    return build_row(dep, build_id)[0]
+    return status
 
 
 def check_sandbox_of(name: str) -> None:
@@ -168,8 +158,20 @@ def check_sandbox_of(name: str) -> None:
 def check_nothing_left(dep: Deployment, marker: str) -> None:
     """No build sandbox in the runtime and no process of the step, the dead attempt's
     included (the runtime's kill is by cgroup: give its processes a moment to be reaped)."""
-    wait_for("the build sandbox to be gone", lambda: not build_sandboxes(dep), 15)
-    wait_for("the step's processes to be gone", lambda: not pids_running(marker), 15)
+    eventually(
+        lambda: build_sandboxes(dep),
+        until=lambda left: not left,
+        within=15,
+        every=0.1,
+        what="the build sandbox gone",
+    )
+    eventually(
+        lambda: pids_running(marker),
+        until=lambda left: not left,
+        within=15,
+        every=0.1,
+        what="the step's processes gone",
+    )
 
 
 # -------------------------------------------------------------------------------- cases

@@ -7,14 +7,14 @@ template build is run by the host that received its trigger and its archives."""
 from __future__ import annotations
 
 import socket
-import time
+import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from e2bfacade.runtime.local import LocalRuntime
-from sandboxes.transitions import host_label
+from nodes.selectors import host_label
 from tests.contract.template_support import (
     base_spec,
     copy_step,
@@ -26,6 +26,7 @@ from tests.contract.template_support import (
     wait_build,
 )
 from tests.support.live_server import Deployment, Server, cleanup_runtime
+from tests.support.waiting import eventually, stays
 
 
 @pytest.fixture
@@ -110,19 +111,64 @@ def test_a_build_is_run_by_the_host_that_received_it_never_by_another() -> None:
                 assert trigger(http, tid, bid, spec).status_code == 202
                 # B is woken by the trigger: its worker must leave A's build alone (its
                 # archive is on A), not claim it and fail it "never uploaded".
-                time.sleep(5)
-                row = dep.query(
-                    "SELECT status, lease_owner, host FROM templates_templatebuild "
-                    "WHERE build_id = %s",
-                    (bid,),
-                )
-                assert row == [("building", "", LocalRuntime(a.sandbox_root).host_id)], row
+                untouched = [("building", "", LocalRuntime(a.sandbox_root).host_id)]
+
+                def touched() -> list[tuple[object, ...]] | None:
+                    row = dep.query(
+                        "SELECT status, lease_owner, host FROM templates_templatebuild "
+                        "WHERE build_id = %s",
+                        (bid,),
+                    )
+                    return None if row == untouched else row
+
+                stays(touched, for_=5, every=0.2, what="a change to A's waiting build")
                 # A's own worker runs it.
                 a.lifecycle_worker = True
                 a.restart(crash=False)
                 info, entries = wait_build(http, tid, bid)
             assert info["status"] == "ready", info
             assert any("from host a" in e["message"] for e in entries)
+        finally:
+            b.stop()
+            cleanup_runtime({**dep.env, "SANDBOX_ROOT": str(root_b)}, root_b)
+
+
+def test_a_retry_sent_to_another_host_while_the_original_runs_waits_and_replays_its_answer() -> (
+    None
+):
+    # A front spreads a client's retries over the hosts: the retry of a create still running
+    # on host A reaches host B, which waits for A's answer and replays it (the record and
+    # its owner's lease are the shared database's), never making a second sandbox.
+    with Deployment(teams=1, prefix="e2bh") as dep:
+        root_b = dep.tmp / "root-b"
+        a = dep.server(E2BFACADE_FAILPOINTS="after_runtime_create=sleep:3")
+        b = dep.server(SANDBOX_ROOT=str(root_b))
+        try:
+            key = dep.take_team().api_key
+            a.arm("after_runtime_create")
+            headers = {"X-API-Key": key, "Idempotency-Key": "one-across-hosts"}
+            body = {"templateID": "base", "timeout": 60}
+            answers: dict[str, httpx.Response] = {}
+
+            def original() -> None:
+                answers["a"] = httpx.post(
+                    f"{a.url}/sandboxes", headers=headers, json=body, timeout=60
+                )
+
+            thread = threading.Thread(target=original)
+            thread.start()
+            eventually(
+                lambda: a.fired("after_runtime_create"),
+                within=60,
+                what="the original to reach its stall after the runtime's create",
+            )
+            answers["b"] = httpx.post(f"{b.url}/sandboxes", headers=headers, json=body, timeout=60)
+            thread.join()
+            assert answers["a"].status_code == answers["b"].status_code == 201, answers
+            assert answers["a"].json()["sandboxID"] == answers["b"].json()["sandboxID"]
+            assert dep.query("SELECT count(*) FROM sandboxes_sandbox")[0][0] == 1
+            sandbox_id = answers["a"].json()["sandboxID"]
+            assert call(a, key, "DELETE", f"/sandboxes/{sandbox_id}").status_code == 204
         finally:
             b.stop()
             cleanup_runtime({**dep.env, "SANDBOX_ROOT": str(root_b)}, root_b)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.support import live_checks as lc
 from tests.support.live_server import LiveServer, suite_database_url
+from tests.support.waiting import eventually
 
 pytestmark = [
     pytest.mark.skipif(
@@ -103,10 +104,12 @@ def test_postgres_restarted_under_traffic_the_service_recovers_by_itself(
     thread = threading.Thread(target=traffic.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while len(traffic.completed_cycles) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(traffic.completed_cycles) >= 3, traffic.outcomes[-10:]
+        eventually(
+            lambda: traffic.outcomes[-10:],
+            until=lambda _: len(traffic.completed_cycles) >= 3,
+            within=20,
+            what="3 full cycles before the restart",
+        )
 
         restart = subprocess.run(
             ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
@@ -115,15 +118,19 @@ def test_postgres_restarted_under_traffic_the_service_recovers_by_itself(
             timeout=120,
         )
         assert restart.returncode == 0, restart.stderr
-        while subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"]).returncode != 0:
-            time.sleep(0.05)
+        eventually(
+            lambda: subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"]).returncode == 0,
+            within=120,
+            what="PostgreSQL accepting connections again",
+        )
         back = time.monotonic()
 
-        deadline = back + RECOVERY_SECONDS + 10
-        while time.monotonic() < deadline and not any(
-            s >= back for s, _ in traffic.completed_cycles
-        ):
-            time.sleep(0.05)
+        eventually(
+            lambda: traffic.outcomes[-10:],
+            until=lambda _: any(s >= back for s, _ in traffic.completed_cycles),
+            within=RECOVERY_SECONDS + 10,
+            what="a full cycle after PostgreSQL was back",
+        )
     finally:
         traffic.stop.set()
         thread.join(timeout=60)

@@ -16,7 +16,9 @@ import pytest
 from e2b import Sandbox, SandboxNotRunningException
 from e2b.envd.rpc import is_transport_failure
 
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import LiveServer
+from tests.support.waiting import eventually
 
 # A guest service whose answer never ends on its own: a long body sent in small pieces.
 TRICKLE = """
@@ -53,11 +55,7 @@ CUT_SECONDS = 4.0
 
 @pytest.fixture
 def sandbox(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", server.api_key)
+    point_sdk(monkeypatch, server, server.api_key)
     sbx = Sandbox.create(timeout=600)
     try:
         yield sbx
@@ -71,20 +69,45 @@ def quietly_cut(server: LiveServer, reason: str) -> Iterator[None]:
     logged the cut) holds the cut's info line and no traceback."""
     start = server.log_path.stat().st_size
     yield
-    deadline = time.monotonic() + LOG_WAIT_SECONDS
-    while True:
+
+    def written_since() -> str:
         with server.log_path.open("rb") as log:
             log.seek(start)
-            written = log.read().decode(errors="replace")
-        if reason in written or "Traceback" in written or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+            return log.read().decode(errors="replace")
+
+    written = eventually(
+        written_since,
+        until=lambda text: reason in text or "Traceback" in text,
+        within=LOG_WAIT_SECONDS,
+        every=0.1,
+        what=f"the cut logged ({reason})",
+    )
     assert "Traceback" not in written, written
     # Nor any other error of the server's ("Exception in ASGI application", "ASGI callable
     # returned without completing response").
     assert not [line for line in written.splitlines() if line.startswith("ERROR:")], written
     cuts = [line for line in written.splitlines() if "data plane: cut a stream" in line]
     assert len(cuts) == 1 and reason in cuts[0], written
+
+
+@contextlib.contextmanager
+def answered(client: httpx.Client, port: int) -> Iterator[httpx.Response]:
+    """The first 200 of the guest's service on ``port``, its body unread: asked again until
+    the service listens (the data plane answers 502 until then)."""
+
+    def sent() -> httpx.Response | None:
+        answer = client.send(client.build_request("GET", "/"), stream=True)
+        if answer.status_code == 200:
+            return answer
+        answer.close()
+        return None
+
+    answer = eventually(sent, within=10, every=0.1, what=f"the guest's service on port {port}")
+    assert answer is not None  # eventually returns a value that holds
+    try:
+        yield answer
+    finally:
+        answer.close()
 
 
 @pytest.mark.parametrize("end", ["kill", "pause"])
@@ -128,22 +151,17 @@ def test_a_port_response_cut_by_its_sandbox_ending_is_reset_and_logged_without_t
     # The read timeout is past CUT_SECONDS: a response that hangs fails on its time, not
     # on the timeout's error.
     with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
-        for _ in range(100):  # until the service listens
-            with client.stream("GET", "/") as answer:
-                if answer.status_code == 200:
-                    body = answer.iter_raw()
-                    assert next(body)
-                    with quietly_cut(server, reason):
-                        getattr(sandbox, end)()
-                        ended = time.monotonic()
-                        with pytest.raises(httpx.ReadError, match="Connection reset"):
-                            for _ in body:
-                                assert time.monotonic() - ended < CUT_SECONDS, "not cut"
-                    cut = time.monotonic() - ended
-                    assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the {end}"
-                    return
-            time.sleep(0.1)
-    pytest.fail("the guest's service never answered on port 8000")
+        with answered(client, 8000) as answer:
+            body = answer.iter_raw()
+            assert next(body)
+            with quietly_cut(server, reason):
+                getattr(sandbox, end)()
+                ended = time.monotonic()
+                with pytest.raises(httpx.ReadError, match="Connection reset"):
+                    for _ in body:
+                        assert time.monotonic() - ended < CUT_SECONDS, "not cut"
+            cut = time.monotonic() - ended
+            assert cut < CUT_SECONDS, f"cut {cut:.1f}s after the {end}"
 
 
 def test_a_download_cut_by_a_pause_is_reset_and_logged_without_traceback(
@@ -181,14 +199,9 @@ def test_a_port_response_the_guest_resets_is_cut_and_logged_without_traceback(
     sandbox.commands.run("python3 /tmp/resetter.py", background=True)
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8001"}
     with httpx.Client(base_url=server.sandbox_url, headers=headers, timeout=10) as client:
-        for _ in range(100):  # until the service listens
-            with client.stream("GET", "/") as answer:
-                if answer.status_code == 200:
-                    body = answer.iter_raw()
-                    with quietly_cut(server, "the sandbox's port 8001 closed in mid-response"):
-                        with pytest.raises(httpx.ReadError, match="Connection reset"):
-                            for _ in body:
-                                pass
-                    return
-            time.sleep(0.1)
-    pytest.fail("the guest's service never answered on port 8001")
+        with answered(client, 8001) as answer:
+            body = answer.iter_raw()
+            with quietly_cut(server, "the sandbox's port 8001 closed in mid-response"):
+                with pytest.raises(httpx.ReadError, match="Connection reset"):
+                    for _ in body:
+                        pass

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.support.live_server import (
     free_port,
     suite_database_url,
 )
+from tests.support.waiting import eventually
 
 START_SECONDS = 60
 # Generous against what it takes (well under a second: the kernel's parent-death signal,
@@ -113,16 +113,23 @@ class Serve:
 
     def wait_ready(self) -> None:
         """Until serve says it serves; then whoever listens on the ports is its own."""
-        assert self.process is not None
-        deadline = time.monotonic() + START_SECONDS
-        while "[serve] API" not in self.output():
-            assert self.process.poll() is None, f"serve exited at start:\n{self.output()}"
-            assert time.monotonic() < deadline, f"serve not up:\n{self.output()}"
-            time.sleep(0.05)
-        while not all(holders := [self.holders(p) for p in (self.port, self.sandbox_port)]):
-            assert time.monotonic() < deadline, f"serve not listening:\n{self.output()}"
-            time.sleep(0.05)
-        ours = supervision.descendants(self.process.pid)
+        process = self.process
+        assert process is not None
+
+        def output() -> str:
+            assert process.poll() is None, f"serve exited at start:\n{self.output()}"
+            return self.output()
+
+        eventually(
+            output, until=lambda out: "[serve] API" in out, within=START_SECONDS, what="serve up"
+        )
+        holders = eventually(
+            lambda: [self.holders(p) for p in (self.port, self.sandbox_port)],
+            until=all,
+            within=START_SECONDS,
+            what="serve listening on both ports",
+        )
+        ours = supervision.descendants(process.pid)
         assert all(h <= ours for h in holders), (holders, ours)
         # Bounds of a readiness wait, not timed assertions: on a loaded 2-core CI machine a
         # freshly booted worker's first answer took over 10 s.
@@ -189,23 +196,24 @@ class Serve:
 
 def wait_released(old: list[Proc], ports: tuple[int, ...]) -> None:
     """Until no process of ``old`` listens on ``ports``, then until all are gone."""
-    deadline = time.monotonic() + RELEASE_SECONDS
-    while True:
-        holding = [
+    eventually(
+        lambda: [
             (port, p)
             for port in ports
             for h in supervision.port_holders("127.0.0.1", port)
             for p in old
             if p.pid == h.pid and p.alive()
-        ]
-        if not holding:
-            break
-        assert time.monotonic() < deadline, f"still listening after {RELEASE_SECONDS} s: {holding}"
-        time.sleep(0.05)
-    deadline = time.monotonic() + GONE_SECONDS
-    while left := [p for p in old if p.alive()]:
-        assert time.monotonic() < deadline, f"still running after {GONE_SECONDS} s: {left}"
-        time.sleep(0.05)
+        ],
+        until=lambda holding: not holding,
+        within=RELEASE_SECONDS,
+        what="the old processes off the ports",
+    )
+    eventually(
+        lambda: [p for p in old if p.alive()],
+        until=lambda left: not left,
+        within=GONE_SECONDS,
+        what="the old processes gone",
+    )
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -312,11 +320,14 @@ def test_a_clean_stop_leaves_no_pooled_disk_or_spare_launcher_and_keeps_the_sand
     service.running()
     assert service.process is not None
     # The pools fill in the background (the lifecycle worker's sweep, after each create).
-    deadline = time.monotonic() + 30
     spares_used = deployment.runtime().spares.target > 0  # cgroup v1 only
-    while not ((held := pooled(service.root))["mounts"] and (held["spares"] or not spares_used)):
-        assert time.monotonic() < deadline, f"the pools never filled: {held}"
-        time.sleep(0.1)
+    held = eventually(
+        lambda: pooled(service.root),
+        until=lambda held: held["mounts"] and (held["spares"] or not spares_used),
+        within=30,
+        every=0.1,
+        what="the pools filled",
+    )
     assert held["loops"]
     old = service.tree()
 
@@ -325,10 +336,12 @@ def test_a_clean_stop_leaves_no_pooled_disk_or_spare_launcher_and_keeps_the_sand
     assert service.process.wait(timeout=GONE_SECONDS) == 0, service.output()
     wait_released(old, (service.port, service.sandbox_port))
     # A pooled disk's loop device is released when its mount goes (autoclear): soon after.
-    deadline = time.monotonic() + RELEASE_SECONDS
-    while (left := pooled(service.root)) != {"mounts": [], "loops": [], "spares": []}:
-        assert time.monotonic() < deadline, f"left by a clean stop: {left}"
-        time.sleep(0.05)
+    eventually(
+        lambda: pooled(service.root),
+        until=lambda left: left == {"mounts": [], "loops": [], "spares": []},
+        within=RELEASE_SECONDS,
+        what="nothing left by a clean stop",
+    )
     assert_kept(deployment, kept)
     service.start()
     service.wait_ready()
@@ -367,11 +380,17 @@ def test_a_start_on_a_held_port_names_the_holder_then_takes_the_port_once_free(
     service.stop()
     with answering(service.port):
         process = service.start()
-        deadline = time.monotonic() + 20
-        while f"in use by pid {os.getpid()}" not in service.output():
+
+        def output() -> str:
             assert process.poll() is None, service.output()
-            assert time.monotonic() < deadline, f"the holder is not named:\n{service.output()}"
-            time.sleep(0.05)
+            return service.output()
+
+        eventually(
+            output,
+            until=lambda out: f"in use by pid {os.getpid()}" in out,
+            within=20,
+            what="the holder named",
+        )
         assert "[serve] API" not in service.output()  # not ready while the port is held
     service.wait_ready()
     assert_kept(deployment, kept)

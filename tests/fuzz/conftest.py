@@ -1,16 +1,4 @@
 from __future__ import annotations
 
-from collections.abc import Generator
-
-import pytest
-
-from tests.support.live_fixtures import attach_log_tails
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    attach_log_tails(report)
-    return report
+# A failing test shows the end of its live server's log.
+from tests.support.live_fixtures import pytest_runtest_makereport  # noqa: F401 - the hook

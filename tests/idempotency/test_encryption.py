@@ -19,7 +19,7 @@ from sandboxes.models import Sandbox
 from tests.idempotency.conftest import PostFn
 from tests.idempotency.factories import IdempotencyRecordFactory
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 
 SECRET_ENV = "s3cr3t-env-value-that-must-not-be-stored-in-clear"
 BODY = {"templateID": "base", "timeout": 60, "envVars": {"API_TOKEN": SECRET_ENV}}

@@ -24,6 +24,8 @@ from idempotency.fingerprint import CURRENT_VERSION, VERSIONS, fingerprint
 from sandboxes.serializers import NewSandboxSerializer, NewSandboxV1Serializer
 from tests.idempotency.conftest import PostFn
 
+pytestmark = pytest.mark.both_databases
+
 V2 = "/v2/sandboxes"
 V1 = "/sandboxes"
 NULLABLE = [

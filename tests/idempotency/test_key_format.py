@@ -13,7 +13,7 @@ from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from tests.idempotency.conftest import PostFn
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 
 BODY = {"templateID": "base", "timeout": 60}
 

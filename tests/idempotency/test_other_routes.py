@@ -17,7 +17,7 @@ from sandboxes.models import Sandbox
 from templates.models import Template
 from tests.idempotency.conftest import Crash, PostFn
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 on_postgres = connection.vendor == "postgresql"
 
 

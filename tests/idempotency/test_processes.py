@@ -32,6 +32,7 @@ from tests.support.live_server import (
     is_postgres,
     suite_database_url,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [
     pytest.mark.live_server,
@@ -260,10 +261,13 @@ def slow_timeline(deployment: Deployment, slow_server: Server) -> Timeline:
     # Everything below is timed from the claim, not from sending: on a busy machine the
     # original may take a while to reach it, and a retry that arrived first would itself
     # become the original.
-    deadline = time.monotonic() + 10
-    while deployment.record(team, t.key) is None:
-        assert time.monotonic() < deadline, "the original never claimed its key"
-        time.sleep(0.005)
+    eventually(
+        lambda: deployment.record(team, t.key),
+        until=lambda record: record is not None,
+        within=10,
+        every=0.005,
+        what="the original's claim of its key",
+    )
     claimed = time.monotonic()
 
     def at(offset: float) -> None:
@@ -359,7 +363,13 @@ def test_the_sdk_retries_an_in_progress_answer_until_it_converges(
         target=lambda: original.append(sdk_create(sdk_slow_server, team, key))
     )
     thread.start()
-    time.sleep(0.3)
+    eventually(  # the retry comes second: the original has claimed the key
+        lambda: deployment.record(team, key),
+        until=lambda record: record is not None,
+        within=10,
+        every=0.005,
+        what="the original's claim of its key",
+    )
     started = time.monotonic()
     sandbox = sdk_create(sdk_slow_server, team, key)  # must not raise
     took = time.monotonic() - started

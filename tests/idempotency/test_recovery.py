@@ -1,7 +1,7 @@
 """When the original request dies, fails or never finishes: takeover by a retry, release of
 a key whose attempt provably allocated nothing, 422 once a key has used up its attempts,
 the lifecycle worker finishing abandoned claims, and the stale-transition sweep leaving a
-keyed create alone. A process dying is played by :func:`crash_at` (see conftest.py)."""
+keyed create alone. A process dying is played by :func:`tests.idempotency.conftest.crash_at`."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from sandboxes.models import Sandbox
 from tests.idempotency.conftest import Crash, PostFn
 from tests.support.factories import SandboxFactory, TemplateFactory
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 
 BODY = {"templateID": "base", "timeout": 120}
 POINTS = ["after_claim", "after_runtime_create", "before_complete"]

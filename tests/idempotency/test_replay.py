@@ -17,7 +17,7 @@ from sandboxes.models import Sandbox
 from tests.idempotency.conftest import PostFn
 from tests.support.factories import TemplateFactory
 
-pytestmark = pytest.mark.usefixtures("runtime")
+pytestmark = [pytest.mark.both_databases, pytest.mark.usefixtures("runtime")]
 
 REPLAYED = "Idempotent-Replayed"
 BODY = {"templateID": "base", "timeout": 120, "metadata": {"owner": "alice"}}

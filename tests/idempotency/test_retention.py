@@ -19,6 +19,8 @@ from sandboxes.models import Sandbox
 from tests.idempotency.conftest import Crash, PostFn
 from tests.idempotency.factories import IdempotencyRecordFactory
 
+pytestmark = pytest.mark.both_databases
+
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 TTL = 600
 BODY = {"templateID": "base", "timeout": 60}

@@ -4,12 +4,10 @@ here reaches any network but loopback and the namespaces made here."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,11 +21,12 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime
 from e2bfacade.runtime.local.net.rules import NetworkConfig
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
 from tests.support.live_server import listening
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 _cidrs = itertools.count((os.getpid() * 13) % 900)
@@ -41,6 +40,27 @@ def unique_cidr() -> str:
 
 def unique_port() -> int:
     return 40000 + (os.getpid() * 31 + next(_cidrs)) % 9000
+
+
+# The drivers a live server of these suites runs its sandboxes on (SANDBOX_RUNTIME): the
+# egress proxy, its TLS interception and its SOCKS tunnels are the host's, but what reaches
+# them comes from a different network stack on each (the kernel's; gVisor's netstack).
+LIVE_DRIVERS = ("local", "gvisor")
+
+
+def live_driver_env(driver: str) -> dict[str, str]:
+    """A live server's environment for ``driver``; skips where gVisor's runsc is missing."""
+    from e2bfacade.runtime.gvisor.driver import installed
+
+    if driver == "gvisor" and not installed():
+        pytest.skip("gvisor: runsc is not installed on this host")
+    return {"SANDBOX_RUNTIME": driver}
+
+
+def assert_runs_on(driver: str, cmdline: str) -> None:
+    """``cmdline`` (a guest's /proc/cmdline) is gVisor's exactly when ``driver`` is: the
+    server did make its sandboxes with the driver the test names."""
+    assert ("gvisor" in cmdline) == (driver == "gvisor"), (driver, cmdline)
 
 
 @pytest.fixture(scope="session")
@@ -68,12 +88,12 @@ def start_egress(root: Path) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=open(root / "egress.log", "wb"),  # noqa: SIM115
     )
-    deadline = time.monotonic() + 60
-    while proxy.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            if listening(proxy.pid):
-                break
-        time.sleep(0.05)
+    eventually(
+        lambda: proxy.poll() is not None or listening(proxy.pid),
+        within=60,
+        what="the egress proxy listening (or exited)",
+        ignoring=(OSError,),
+    )
     return proxy
 
 
@@ -92,7 +112,7 @@ def net_runtime(internet: TestInternet) -> Iterator[LocalRuntime]:
 
 
 @pytest.fixture
-def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
+def make_sandbox(net_runtime: HostRuntime) -> Iterator[Callable[..., str]]:
     made: list[str] = []
 
     def make(**network: object) -> str:
@@ -107,14 +127,14 @@ def make_sandbox(net_runtime: LocalRuntime) -> Iterator[Callable[..., str]]:
         net_runtime.kill(sid)
 
 
-def sh(rt: LocalRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
+def sh(rt: HostRuntime, sid: str, command: str, user: str = "root") -> tuple[int, str]:
     result = run_process(
         rt.guest(sid), ProcessSpec(argv=("/bin/sh", "-c", command), user=user, timeout=30)
     )
     return result.exit_code, (result.stdout + result.stderr).decode(errors="replace")
 
 
-def curl(rt: LocalRuntime, sid: str, url: str, *extra: str) -> tuple[int, str]:
+def curl(rt: HostRuntime, sid: str, url: str, *extra: str) -> tuple[int, str]:
     """``curl`` in the guest: (exit code, body). Refused connections fail at once."""
     args = " ".join(extra)
     return sh(rt, sid, f"curl -sS --connect-timeout 3 --max-time 8 {args} {url}")

@@ -18,6 +18,7 @@ from e2bfacade.runtime.local import LocalRuntime
 from tests.network.conftest import curl, network_config, sh
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.support.internet import TestInternet
+from tests.support.waiting import eventually
 
 WEB = "203.0.113.10"  # allowed.example
 OTHER = "203.0.113.30"
@@ -211,13 +212,13 @@ def test_pause_stops_traffic_and_resume_brings_it_back(
     assert curl(net_runtime, sid, f"http://{WEB}/")[0] == 0
 
 
-def _settled(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
+def gone(interfaces: Callable[[], list[str]], ifname: str) -> None:
+    eventually(
+        interfaces,
+        until=lambda names: ifname not in names,
+        within=10,
+        what=f"the interface {ifname} gone",
+    )
 
 
 def test_kill_and_a_crash_leave_no_interface_rule_or_record(
@@ -235,7 +236,7 @@ def test_kill_and_a_crash_leave_no_interface_rule_or_record(
     assert network.record(slot) is None and network.elements() == elements
     # The pair goes with the sandbox's network namespace, which the kernel tears down in
     # the background.
-    assert _settled(lambda: ifname not in network.interfaces())
+    gone(network.interfaces, ifname)
     # A crash: the sandbox's processes die under the service (the OOM killer, a reboot of
     # one sandbox). The sweep parks it: its rules and link go with its processes, its files
     # stay for a cold boot. Killing it then leaves nothing.
@@ -253,9 +254,9 @@ def test_kill_and_a_crash_leave_no_interface_rule_or_record(
         record = net_runtime.layout.read_state(crashed)
         return record is not None and record.parked is not None
 
-    assert _settled(parked)
+    eventually(parked, within=10, what="the crashed sandbox parked")
     assert network.record(slot) is None and network.elements() == elements
-    assert _settled(lambda: ifname not in network.interfaces())
+    gone(network.interfaces, ifname)
     net_runtime.kill(crashed)
     assert net_runtime.layout.read_state(crashed) is None
     assert network.record(slot) is None and network.elements() == elements
@@ -293,10 +294,12 @@ def test_many_create_kill_cycles_leak_nothing(net_runtime: LocalRuntime) -> None
 
     assert (network.elements(), len(list(network.records.iterdir()))) == before
 
-    def clean() -> bool:
-        return not made & set(network.interfaces())
-
-    assert _settled(clean, 20), (network.interfaces(), network.elements())
+    eventually(
+        lambda: (made & set(network.interfaces()), network.elements()),
+        until=lambda left: not left[0],
+        within=20,
+        what="every sandbox's interface gone",
+    )
 
 
 def test_the_sweep_releases_only_rules_no_sandbox_holds(

@@ -2,7 +2,9 @@
 server (Debian's dante, on the suite's test internet: tests/support/socks.py), after its
 allow/deny rules, the sandbox unaware; flows matched by a domain are requested by name
 (remote DNS); RFC 1929 credentials are kept encrypted and never echoed. Through the
-unmodified Python SDK against a live server whose uplink is the test internet."""
+unmodified Python SDK against a live server whose uplink is the test internet, on each
+driver (``[local]``, ``[gvisor]``: the divert of every port starts in gVisor's netstack
+there)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import httpx
 import pytest
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, Secret
 
-from tests.network.conftest import unique_cidr
+from tests.network.conftest import LIVE_DRIVERS, assert_runs_on, live_driver_env, unique_cidr
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.socks import ONLY_HERE, Dante
 
@@ -24,10 +27,11 @@ SOCKS = "203.0.113.40"
 USER, PASSWORD = "socks-user", "socks-pass-5e7d1c-never-echoed"
 
 
-@pytest.fixture(scope="module")
-def proxy_server(internet: TestInternet) -> Iterator[LiveServer]:
+@pytest.fixture(scope="module", params=LIVE_DRIVERS)
+def proxy_server(request: pytest.FixtureRequest, internet: TestInternet) -> Iterator[LiveServer]:
     suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
     env = {
+        **live_driver_env(request.param),
         "SANDBOX_UPLINK": internet.uplink,
         "SANDBOX_UPLINK_GATEWAY": internet.gateway,
         "SANDBOX_NETWORK_CIDR": unique_cidr(),
@@ -49,11 +53,7 @@ def socks(internet: TestInternet) -> Iterator[Dante]:
 
 @pytest.fixture
 def sdk(proxy_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", proxy_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", proxy_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", proxy_server.api_key)
+    point_sdk(monkeypatch, proxy_server, proxy_server.api_key)
     return proxy_server
 
 
@@ -78,6 +78,8 @@ def test_outbound_tcp_goes_out_through_the_socks_server_with_its_credentials(
         }
     )
     try:
+        cmdline = sbx.commands.run("cat /proc/cmdline", user="root").stdout
+        assert_runs_on(sdk.env["SANDBOX_RUNTIME"], cmdline)
         # A name only the SOCKS server can resolve: sent to it as a name (ATYP domain).
         remote = fetch(
             sbx, f"http://{ONLY_HERE[0]}/headers", f"--resolve {ONLY_HERE[0]}:80:1.1.1.1"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2bfacade.runtime.base import BUILTIN_IMAGE, NetworkPolicy, PauseMode, SandboxSpec
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.network.conftest import curl, network_config, sh
 from tests.network.test_egress import OTHER, WEB, served_by
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime
@@ -19,7 +19,7 @@ from tests.support.internet import TestInternet
 
 
 @pytest.fixture(scope="module")
-def gv_net(internet: TestInternet) -> Iterator[LocalRuntime]:
+def gv_net(internet: TestInternet) -> Iterator[HostRuntime]:
     rt = make_gvisor_runtime(network=network_config(internet))
     rt.ensure_base_image()
     yield rt
@@ -28,13 +28,13 @@ def gv_net(internet: TestInternet) -> Iterator[LocalRuntime]:
     rt.network.teardown()
 
 
-def make(rt: LocalRuntime, **policy: object) -> str:
+def make(rt: HostRuntime, **policy: object) -> str:
     sid = f"v{uuid.uuid4().hex[:12]}"
     rt.create(SandboxSpec(sid, BUILTIN_IMAGE, network=NetworkPolicy(**policy)))  # type: ignore[arg-type]
     return sid
 
 
-def test_a_gvisor_sandbox_reaches_the_internet_by_its_rules(gv_net: LocalRuntime) -> None:
+def test_a_gvisor_sandbox_reaches_the_internet_by_its_rules(gv_net: HostRuntime) -> None:
     sid = make(gv_net, allow_internet=True)
     closed = make(gv_net, allow_internet=False)
     only = make(gv_net, allow_internet=True, deny_out=("0.0.0.0/0",), allow_out=(OTHER,))
@@ -53,7 +53,7 @@ def test_a_gvisor_sandbox_reaches_the_internet_by_its_rules(gv_net: LocalRuntime
 
 
 def test_a_pause_resets_the_guests_open_connection_out_and_succeeds(
-    gv_net: LocalRuntime,
+    gv_net: HostRuntime,
 ) -> None:
     sid = make(gv_net, allow_internet=True)
     try:

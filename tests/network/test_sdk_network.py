@@ -5,7 +5,6 @@ update_network, validation as E2B answers it, and allowPublicTraffic's traffic t
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,8 +13,10 @@ from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException
 
 from tests.network.conftest import unique_cidr
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 from tests.support.node_support import run_sdk_script
+from tests.support.waiting import eventually
 
 WEB = "http://203.0.113.10/"
 JS_DIR = REPO / "tests" / "contract" / "js"
@@ -37,11 +38,7 @@ def net_server(internet: TestInternet) -> Iterator[LiveServer]:
 
 @pytest.fixture
 def sdk(net_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", net_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", net_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", net_server.api_key)
+    point_sdk(monkeypatch, net_server, net_server.api_key)
     return net_server
 
 
@@ -132,13 +129,13 @@ def test_allow_public_traffic_false_needs_the_traffic_token(sdk: LiveServer) -> 
         assert "Token header 'e2b-traffic-access-token' is missing" in got.json()["message"]
         got = httpx.get(url, headers={**base, "e2b-traffic-access-token": "wrong"}, timeout=10)
         assert got.status_code == 403 and "is invalid" in got.json()["message"]
-        deadline = time.monotonic() + 15
-        while True:
-            got = httpx.get(url, headers={**base, "e2b-traffic-access-token": token}, timeout=10)
-            if got.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert got.status_code == 200
+        eventually(
+            lambda: httpx.get(url, headers={**base, "e2b-traffic-access-token": token}, timeout=10),
+            until=lambda got: got.status_code == 200,
+            within=15,
+            every=0.2,
+            what="the guest's server answering with the token",
+        )
         # envd's own port is exempt: the SDK's calls work without the traffic token.
         assert sbx.commands.run("echo ok").stdout == "ok\n"
     finally:

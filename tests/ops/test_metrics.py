@@ -24,7 +24,7 @@ from idempotency.models import IdempotencyRecord
 from sandboxes.models import Sandbox
 from tests.support.factories import SandboxFactory, TeamFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.both_databases, pytest.mark.django_db]
 
 
 def scrape(client: APIClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,17 +14,16 @@ live.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
 
 from tests.retry.support import checked
 from tests.support import live_checks as lc
-from tests.support.live_fixtures import attach_log_tails, started
+from tests.support.live_fixtures import pytest_runtest_makereport, started  # noqa: F401 - hook
 from tests.support.live_server import LiveServer
 
 HERE = Path(__file__).resolve().parent
@@ -37,15 +36,6 @@ def server() -> Iterator[LiveServer]:
     # No rate limit: the package sends a few thousand requests as one team.
     with started(API_RATE_LIMIT="0") as live:
         yield live
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    attach_log_tails(report)
-    return report
 
 
 @pytest.hookimpl(trylast=True)
@@ -73,35 +63,16 @@ def tag() -> str:
 
 
 @pytest.fixture
-def delete_template_later(server: LiveServer) -> Iterator[Callable[[str], str]]:
-    """Templates and snapshots to delete at teardown, after the test's sandboxes are killed
-    (``kill_later`` depends on this fixture, so it is torn down first)."""
-    refs: list[str] = []
-
-    def register(ref: str) -> str:
-        refs.append(ref)
-        return ref
-
-    yield register
-    with lc.client(server) as client:
-        for ref in refs:
-            checked(client.delete(f"/templates/{quote(ref, safe='')}"))
+def cleanup_server(server: LiveServer) -> LiveServer:
+    """Where ``kill_later`` and ``delete_template_later`` (tests/support/cleanup.py) delete
+    what a test made."""
+    return server
 
 
 @pytest.fixture
-def kill_later(
-    server: LiveServer, delete_template_later: Callable[[str], str]
-) -> Iterator[Callable[[str], str]]:
-    ids: list[str] = []
-
-    def register(sandbox_id: str) -> str:
-        ids.append(sandbox_id)
-        return sandbox_id
-
-    yield register
-    with lc.client(server) as client:
-        for sandbox_id in ids:
-            checked(client.delete(f"/sandboxes/{sandbox_id}"))
+def cleanup_check() -> Callable[[httpx.Response], httpx.Response]:
+    """A cleanup's answer too is never a 5xx, and every error is in E2B's shape."""
+    return checked
 
 
 @pytest.fixture

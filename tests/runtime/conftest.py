@@ -10,12 +10,13 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from e2bfacade.runtime.base import RuntimeUnavailable
-from e2bfacade.runtime.local import LocalRuntime, lxcfs
+from e2bfacade.runtime.gvisor.driver import GvisorRuntime
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime, lxcfs
 from e2bfacade.runtime.local.net import accounts
 from e2bfacade.runtime.local.net.network import digest_of
 from tests.runtime.helpers import any_daemon_pids, compile_static, sigkill_and_reap
@@ -37,10 +38,11 @@ int main(int argc, char **argv) {
 """
 
 
-def make_runtime(
-    prefix: str = "e2bt-", *, driver: type[LocalRuntime] = LocalRuntime, **options: Any
-) -> LocalRuntime:
-    """A runtime of ``driver`` (the local one, or one built on it) on a fresh root."""
+R = TypeVar("R", bound=HostRuntime)
+
+
+def on_fresh_root(driver: type[R], prefix: str, **options: Any) -> R:
+    """A runtime of ``driver`` (a driver on the host runtime) on a fresh root."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         return driver(root, **options)
@@ -49,14 +51,17 @@ def make_runtime(
         pytest.skip(f"the {driver.name} runtime cannot run here: {exc.message}")
 
 
-def make_gvisor_runtime(prefix: str = "e2bg-", **options: Any) -> LocalRuntime:
-    """A gVisor runtime (a LocalRuntime whose launcher is runsc) on a fresh root."""
-    from e2bfacade.runtime.gvisor.driver import GvisorRuntime
-
-    return make_runtime(prefix, driver=GvisorRuntime, **options)
+def make_runtime(prefix: str = "e2bt-", **options: Any) -> LocalRuntime:
+    """A local runtime on a fresh root."""
+    return on_fresh_root(LocalRuntime, prefix, **options)
 
 
-def destroy_runtime(rt: LocalRuntime) -> None:
+def make_gvisor_runtime(prefix: str = "e2bg-", **options: Any) -> GvisorRuntime:
+    """A gVisor runtime (the host runtime with gVisor's sandboxer) on a fresh root."""
+    return on_fresh_root(GvisorRuntime, prefix, **options)
+
+
+def destroy_runtime(rt: HostRuntime) -> None:
     """Kill every sandbox of ``rt``, end its daemons, remove its groups and the guard of its
     sandboxes' addresses (e2bfacade/runtime/local/net/accounts.py), and delete its root."""
     rt.discard_spares()
@@ -92,7 +97,7 @@ def runtime() -> Iterator[LocalRuntime]:
 
 
 @pytest.fixture(scope="session")
-def gvisor_runtime() -> Iterator[LocalRuntime]:
+def gvisor_runtime() -> Iterator[GvisorRuntime]:
     rt = make_gvisor_runtime()
     rt.ensure_base_image()
     yield rt
@@ -100,7 +105,7 @@ def gvisor_runtime() -> Iterator[LocalRuntime]:
 
 
 @pytest.fixture
-def new_sandbox_id(runtime: LocalRuntime) -> Iterator[Callable[[], str]]:
+def new_sandbox_id(runtime: HostRuntime) -> Iterator[Callable[[], str]]:
     """A factory of unique sandbox ids; every id it handed out is killed at teardown."""
     made: list[str] = []
 

@@ -10,13 +10,13 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import ProcessResult, ProcessSpec, Runtime
 from e2bfacade.runtime.guest import run_process
-from e2bfacade.runtime.local import LocalRuntime, build
+from e2bfacade.runtime.local import HostRuntime, build
+from tests.support.waiting import eventually
 
 V1_CONTROLLERS = ("freezer", "memory", "pids", "cpu", "cpuacct")
 MiB = 1024 * 1024
@@ -48,7 +48,7 @@ def ok(rt: Runtime, sandbox_id: str, script: str, **kwargs: Any) -> str:
     return result.stdout.decode()
 
 
-def cgroup_dirs(rt: LocalRuntime, sandbox_id: str) -> list[Path]:
+def cgroup_dirs(rt: HostRuntime, sandbox_id: str) -> list[Path]:
     """Where the sandbox's cgroups live on the host, derived from the cgroupfs layout rather
     than from the driver's own bookkeeping."""
     parent = rt.cgroups.parent_name
@@ -58,14 +58,14 @@ def cgroup_dirs(rt: LocalRuntime, sandbox_id: str) -> list[Path]:
     return [base / c / parent / sandbox_id for c in V1_CONTROLLERS if (base / c).is_dir()]
 
 
-def cgroup_file(rt: LocalRuntime, sandbox_id: str, controller: str, name: str) -> Path:
+def cgroup_file(rt: HostRuntime, sandbox_id: str, controller: str, name: str) -> Path:
     parent = rt.cgroups.parent_name
     if rt.cgroups.version == 2:
         return Path("/sys/fs/cgroup") / parent / sandbox_id / name
     return Path("/sys/fs/cgroup") / controller / parent / sandbox_id / name
 
 
-def cgroup_pids(rt: LocalRuntime, sandbox_id: str) -> list[int]:
+def cgroup_pids(rt: HostRuntime, sandbox_id: str) -> list[int]:
     procs = cgroup_file(rt, sandbox_id, "freezer", "cgroup.procs")
     try:
         return [int(x) for x in procs.read_text().split()]
@@ -92,15 +92,6 @@ def cmdline(pid: int) -> list[bytes]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
     except OSError:
         return []
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 2.0, step: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def kill_and_wait(pids: list[int], timeout: float = 30.0) -> None:
@@ -172,38 +163,36 @@ def init_and_agent(pids: list[int], init_pid: int) -> bool:
     others = [p for p in pids if p != init_pid]
     if init_pid not in pids or len(others) != 1 or parent_pid(others[0]) != init_pid:
         return False
+
     # The init reports ready once it has forked the agent; the agent names itself a moment
-    # later (until then it is a copy of the init, "e2b-init").
-    deadline = time.monotonic() + 2
-    while True:
+    # later (until then it is a copy of the init, "e2b-init"). A process gone reads as None.
+    def comm() -> str | None:
         try:
-            comm = Path(f"/proc/{others[0]}/comm").read_text().strip()
+            return Path(f"/proc/{others[0]}/comm").read_text().strip()
         except OSError:
-            return False
-        if comm == "e2b-agent" or time.monotonic() > deadline:
-            return comm == "e2b-agent"
-        time.sleep(0.01)
+            return None
+
+    named = eventually(
+        comm, within=5, what="the guest agent named", until=lambda c: c in ("e2b-agent", None)
+    )
+    return named == "e2b-agent"
 
 
-def buried(rt: LocalRuntime, sandbox_id: str = "", timeout: float = 10) -> bool:
+def buried(rt: HostRuntime, sandbox_id: str = "", timeout: float = 10) -> None:
     """Wait until a killed sandbox's directory is gone (it goes in the background, a moment
     after kill returns: the tomb ``.<id>.<random>.deleting``); without an id, every one."""
 
-    def gone() -> bool:
+    def tombs() -> list[str]:
         names = os.listdir(rt.root / "sandboxes")
-        return not [n for n in names if n.endswith(".deleting") and sandbox_id in n]
+        return [n for n in names if n.endswith(".deleting") and sandbox_id in n]
 
-    return wait_until(gone, timeout=timeout)
+    eventually(tombs, within=timeout, what="the sandbox directory buried", until=lambda t: not t)
 
 
 def sigkill_and_reap(pid: int) -> None:
     """SIGKILL a process this test run started (directly or through the runtime) and reap
     it if it is our child, so no zombie of ours outlives the test."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    wait_until(lambda: (proc_state(pid) or ("Z", 0))[0] == "Z", timeout=2)
+    kill_and_wait([pid], timeout=2)
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:

@@ -50,12 +50,12 @@ def rt() -> Iterator[LocalRuntime]:
 
 def born_in(rt: LocalRuntime, monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
     """Make every create of ``rt`` also ask sandboxd for birth in ``directory``."""
-    launch = rt.launcher.launch
+    launch = rt.sandboxer.launcher.launch
 
     def with_cgroupdir(request: list[str]) -> Any:
         return launch([*request, f"cgroupdir={directory}"])
 
-    monkeypatch.setattr(rt.launcher, "launch", with_cgroupdir)
+    monkeypatch.setattr(rt.sandboxer.launcher, "launch", with_cgroupdir)
 
 
 def test_a_sandbox_is_born_in_its_v2_group(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +11,7 @@ from e2bfacade.runtime.base import RuntimeConflict, SandboxInfo, SandboxSpec, Sa
 from e2bfacade.runtime.local import LocalRuntime, LocalSandboxInfo
 from tests.runtime.conftest import destroy_runtime, make_runtime
 from tests.runtime.helpers import cgroup_pids, daemon_pids, init_and_agent, ok
+from tests.support.waiting import eventually
 
 
 def test_creating_the_same_id_twice_adopts_the_first_sandbox(
@@ -81,10 +81,9 @@ def test_the_first_creates_on_a_fresh_root_race_safely() -> None:
         # One listener. A launcher the daemon forks carries its command line for a moment
         # after it leaves the listener's tree (before it names itself), so a count taken
         # then sees two: the count is the one it settles to, within a bounded wait.
-        deadline = time.monotonic() + 5
-        while len(daemon_pids(rt.root)) != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(daemon_pids(rt.root)) == 1
+        eventually(
+            lambda: daemon_pids(rt.root), until=lambda p: len(p) == 1, within=5, what="1 listener"
+        )
     finally:
         destroy_runtime(rt)
 

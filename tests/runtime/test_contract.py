@@ -2,8 +2,10 @@
 of ``e2bfacade.runtime.base`` alone (no driver internals, no host probes — those are the
 driver's own tests). A new driver joins the registry and must pass this file unchanged.
 
-Each test runs once per registered driver; a driver this host cannot run is skipped with
-its own reason (the local driver needs root, namespaces and cgroups).
+Each test runs once per registered driver, but a test of the host layer that a driver
+shares with the local one (not marked ``sandboxer``) runs on the local driver only; a driver
+this host cannot run is skipped with its own reason (the local driver needs root,
+namespaces and cgroups).
 """
 
 from __future__ import annotations
@@ -39,8 +41,20 @@ from e2bfacade.runtime.base import (
     Stream,
 )
 from e2bfacade.runtime.guest import run_process
+from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.parametrize("driver_name", registry.driver_names())
+# Drivers built on the local driver's host layer (the root's layout and records, images,
+# disks, cgroups): what they share is tested once, on "local"; a test marked ``sandboxer``
+# (processes, pause and resume, snapshots, the guest's files as the agent reaches them)
+# runs on each of them.
+SHARING_THE_LOCAL_HOST_LAYER = {"gvisor"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = registry.driver_names()
+    if not metafunc.definition.get_closest_marker("sandboxer"):
+        names = [name for name in names if name not in SHARING_THE_LOCAL_HOST_LAYER]
+    metafunc.parametrize("driver_name", names)
 
 
 @pytest.fixture
@@ -79,6 +93,7 @@ def sh(driver: Runtime, sandbox_id: str, script: str, **spec: object) -> tuple[i
 
 
 # ----------------------------------------------------------------------------- lifecycle
+@pytest.mark.sandboxer
 def test_a_driver_names_itself_and_declares_its_capabilities(
     driver: Runtime, driver_name: str
 ) -> None:
@@ -102,6 +117,7 @@ def test_create_from_a_missing_image_allocates_nothing(driver: Runtime) -> None:
         driver.status(sandbox_id)
 
 
+@pytest.mark.sandboxer
 def test_a_network_policy_the_driver_cannot_honour_is_refused(driver: Runtime) -> None:
     if Capability.INTERNET_ACCESS in driver.capabilities:
         pytest.skip("this driver gives sandboxes internet access")
@@ -114,6 +130,7 @@ def test_a_network_policy_the_driver_cannot_honour_is_refused(driver: Runtime) -
         driver.status(sandbox_id)
 
 
+@pytest.mark.sandboxer
 def test_pause_resume_and_kill(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     driver.pause(sandbox_id)
@@ -146,6 +163,7 @@ def test_live_ids_are_the_listed_sandboxes_that_are_not_dead(
     assert driver.sweep(seen_live=driver.live_ids()) == []  # nothing dead was left
 
 
+@pytest.mark.sandboxer
 def test_a_snapshot_carries_files_into_a_new_sandbox(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -190,6 +208,7 @@ def test_metrics_describe_a_live_sandbox(driver: Runtime, make_sandbox: Callable
 
 
 # ----------------------------------------------------------------------------- processes
+@pytest.mark.sandboxer
 def test_a_process_gets_output_exit_code_and_stdin(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -203,6 +222,7 @@ def test_a_process_gets_output_exit_code_and_stdin(
     assert result.signal is None
 
 
+@pytest.mark.sandboxer
 def test_a_process_runs_as_the_default_user_in_its_home_with_the_sandbox_env(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -219,6 +239,7 @@ def test_a_process_runs_as_the_default_user_in_its_home_with_the_sandbox_env(
     assert out.split() == ["0", "/root"]
 
 
+@pytest.mark.sandboxer
 def test_a_process_sees_nothing_of_the_hosts_environment(
     driver: Runtime, make_sandbox: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,6 +251,7 @@ def test_a_process_sees_nothing_of_the_hosts_environment(
     assert code == 0 and "must-not-leak" not in out
 
 
+@pytest.mark.sandboxer
 def test_an_unknown_user_is_refused(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     with pytest.raises(GuestFileError) as exc:
@@ -237,6 +259,7 @@ def test_an_unknown_user_is_refused(driver: Runtime, make_sandbox: Callable[...,
     assert exc.value.errno == errno.ENOENT
 
 
+@pytest.mark.sandboxer
 def test_a_lifetime_kills_the_process_and_its_group(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -250,6 +273,7 @@ def test_a_lifetime_kills_the_process_and_its_group(
     assert "sleep 41" not in out and "sleep 42" not in out
 
 
+@pytest.mark.sandboxer
 def test_wait_returns_when_the_process_ends_even_if_a_child_holds_its_output(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -262,6 +286,7 @@ def test_wait_returns_when_the_process_ends_even_if_a_child_holds_its_output(
         proc.close()
 
 
+@pytest.mark.sandboxer
 def test_wait_with_a_timeout_raises_while_the_process_runs(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -278,6 +303,7 @@ def test_wait_with_a_timeout_raises_while_the_process_runs(
         proc.close()
 
 
+@pytest.mark.sandboxer
 def test_output_is_streamed_as_it_comes_and_bounded_when_collected(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -299,6 +325,7 @@ def test_output_is_streamed_as_it_comes_and_bounded_when_collected(
     assert result.exit_code == 0 and result.truncated and len(result.stdout) == 1 << 20
 
 
+@pytest.mark.sandboxer
 def test_a_pty_process_has_a_terminal_of_the_asked_size(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -317,9 +344,13 @@ def test_a_pty_process_has_a_terminal_of_the_asked_size(
     reader = threading.Thread(target=lambda: chunks.extend(d for _, d in proc.output()))
     reader.start()
     try:
-        deadline = time.monotonic() + 5
-        while b"24 80" not in b"".join(chunks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: b"".join(chunks),
+            until=lambda out: b"24 80" in out,
+            within=10,
+            every=0.01,
+            what="the first size printed",
+        )
         proc.resize(PtySize(cols=100, rows=30))
         proc.write_stdin(b"typed\n")
         assert proc.wait(timeout=10).exit_code == 0
@@ -331,6 +362,7 @@ def test_a_pty_process_has_a_terminal_of_the_asked_size(
 
 
 # --------------------------------------------------------------------------------- files
+@pytest.mark.sandboxer
 def test_a_process_outlives_its_handle_and_is_reached_by_pid(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -369,6 +401,7 @@ def test_a_process_outlives_its_handle_and_is_reached_by_pid(
         driver.guest(sandbox_id).connect_process(999_999)
 
 
+@pytest.mark.sandboxer
 def test_a_process_is_signalled_by_pid(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     proc = driver.guest(sandbox_id).start_process(ProcessSpec(("sleep", "60"), timeout=60))
@@ -378,6 +411,7 @@ def test_a_process_is_signalled_by_pid(driver: Runtime, make_sandbox: Callable[.
     proc.close()
 
 
+@pytest.mark.sandboxer
 def test_write_creates_parents_owned_by_the_user_and_read_returns_it(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -406,6 +440,7 @@ def test_list_dir_honours_depth(driver: Runtime, make_sandbox: Callable[..., str
     assert link.type is FileType.SYMLINK and link.symlink_target == "/etc"
 
 
+@pytest.mark.sandboxer
 def test_make_dir_move_and_remove(driver: Runtime, make_sandbox: Callable[..., str]) -> None:
     sandbox_id = make_sandbox()
     assert driver.guest(sandbox_id).make_dir("x/y") is True
@@ -421,6 +456,7 @@ def test_make_dir_move_and_remove(driver: Runtime, make_sandbox: Callable[..., s
     assert code == 1
 
 
+@pytest.mark.sandboxer
 def test_file_operations_use_the_users_permissions(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:
@@ -437,6 +473,7 @@ def test_file_operations_use_the_users_permissions(
     assert driver.guest(sandbox_id).stat("/root/secret", user="root").owner == "root"
 
 
+@pytest.mark.sandboxer
 def test_guest_symlinks_resolve_inside_the_guest(
     driver: Runtime, make_sandbox: Callable[..., str]
 ) -> None:

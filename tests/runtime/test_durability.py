@@ -23,8 +23,9 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.storage.disks import MOUNT
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import cgroup_dirs, ok, sh, wait_until
+from tests.runtime.helpers import cgroup_dirs, ok, sh
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 
 def boot_id(runtime: LocalRuntime, sandbox_id: str) -> str:
@@ -47,7 +48,9 @@ def test_a_filesystem_pause_ends_the_processes_keeps_the_files_and_a_resume_cold
         None,
     )
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))  # memory freed
-    assert wait_until(lambda: not os.path.exists(f"/proc/{first.init_pid}"), timeout=5)
+    eventually(
+        lambda: not os.path.exists(f"/proc/{first.init_pid}"), within=5, what="the init gone"
+    )
     with pytest.raises(RuntimeConflict):
         runtime.pause(sandbox_id, memory=False)
     with pytest.raises(RuntimeConflict):
@@ -74,7 +77,12 @@ def test_a_sandbox_whose_init_died_is_kept_paused_with_a_reason_and_boots_again(
     ok(runtime, sandbox_id, "echo survived > /home/user/marker")
     os.kill(info.init_pid, signal.SIGKILL)  # the kernel then kills the whole pid namespace
 
-    assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.PAUSED, timeout=5)
+    eventually(
+        lambda: runtime.status(sandbox_id).state,
+        until=lambda s: s is SandboxState.PAUSED,
+        within=5,
+        what="the crashed sandbox kept as paused",
+    )
     paused = runtime.status(sandbox_id)
     assert paused.pause_mode is PauseMode.FILESYSTEM and paused.pause_reason == CRASH_REASON
     assert sandbox_id in runtime.live_ids() and sandbox_id in runtime.census().kept

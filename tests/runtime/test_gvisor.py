@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +24,14 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
     SandboxState,
 )
-from e2bfacade.runtime.gvisor.driver import CHECKPOINT, GvisorRuntime
+from e2bfacade.runtime.gvisor.driver import GvisorRuntime
 from e2bfacade.runtime.gvisor.link import AGENT_PORT
+from e2bfacade.runtime.gvisor.sandboxer import CHECKPOINT
 from e2bfacade.runtime.local.state import proc_starttime
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime
 from tests.runtime.helpers import sh
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 # A process whose state lives only in its memory: a token drawn at start and a counter,
 # written to a file every 50 ms, with its pid. A restarted process would draw a new token.
@@ -62,19 +63,25 @@ def sandbox(rt: GvisorRuntime) -> Iterator[str]:
 def start_keeper(rt: GvisorRuntime, sid: str) -> tuple[str, int, str, str]:
     """Start KEEPER in the sandbox; its first state (token, counter, pid, heap hash)."""
     rt.guest(sid).start_process(ProcessSpec(("python3", "-c", KEEPER))).close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        out = sh(rt, sid, "cat /tmp/state 2>/dev/null").stdout.decode().split()
-        if len(out) == 4:
-            return out[0], int(out[1]), out[2], out[3]
-        time.sleep(0.1)
-    raise AssertionError("the process never wrote its state")
+    out = eventually(
+        lambda: sh(rt, sid, "cat /tmp/state 2>/dev/null").stdout.decode().split(),
+        until=lambda words: len(words) == 4,
+        within=20,
+        every=0.1,
+        what="the process's first state",
+    )
+    return out[0], int(out[1]), out[2], out[3]
 
 
 def state_of(rt: GvisorRuntime, sid: str) -> tuple[str, int, str, str]:
-    time.sleep(0.3)  # a few beats of the loop
-    token, n, pid, heap = sh(rt, sid, "cat /tmp/state").stdout.decode().split()
-    return token, int(n), pid, heap
+    """The keeper's state once its loop has beaten again (it runs on)."""
+
+    def read() -> tuple[str, int, str, str]:
+        token, n, pid, heap = sh(rt, sid, "cat /tmp/state").stdout.decode().split()
+        return token, int(n), pid, heap
+
+    first = read()[1]
+    return eventually(read, until=lambda s: s[1] > first, within=10, what="the keeper's loop")
 
 
 def test_a_full_pause_checkpoints_to_disk_frees_the_processes_and_resume_continues_them(
@@ -165,8 +172,8 @@ def test_a_memory_snapshot_starts_copies_that_continue_its_processes_each_its_ow
             assert sh(rt, fork, "hostname").stdout == f"copy{index}\n".encode()
             assert sh(rt, fork, "cat /home/user/file").stdout == b"source\n"
             sh(rt, fork, f"echo {fork} > /home/user/file")
-            addresses.add(rt.link_of(fork).guest_ip)
-        assert len(addresses) == 2 and rt.link_of(sandbox).guest_ip not in addresses
+            addresses.add(rt.sandboxer.link_of(fork).guest_ip)
+        assert len(addresses) == 2 and rt.sandboxer.link_of(sandbox).guest_ip not in addresses
         assert sh(rt, sandbox, "cat /home/user/file").stdout == b"source\n"
         source = state_of(rt, sandbox)
         assert (source[0], source[2]) == (token, pid)
@@ -185,12 +192,12 @@ def test_a_pause_resets_the_connections_into_the_sandbox_and_succeeds(
         "while True:\n c, _ = s.accept(); c.sendall(b'hi'); time.sleep(3600)"
     )
     rt.guest(sandbox).start_process(ProcessSpec(("python3", "-c", server))).close()
-    for _ in range(100):
-        try:
-            conn = rt.guest(sandbox).connect_port(8000)
-            break
-        except GuestFileError:
-            time.sleep(0.1)
+    conn = eventually(
+        lambda: rt.guest(sandbox).connect_port(8000),
+        within=10,
+        what="the guest's server listening",
+        ignoring=(GuestFileError,),
+    )
     assert conn.recv(2) == b"hi"
     rt.pause(sandbox)  # would fail with the connection open (gVisor cannot save it)
     conn.settimeout(5)
@@ -202,7 +209,7 @@ def test_a_pause_resets_the_connections_into_the_sandbox_and_succeeds(
 
 
 def test_only_the_hosts_root_reaches_a_sandboxs_agent(rt: GvisorRuntime, sandbox: str) -> None:
-    address = rt.link_of(sandbox).guest_ip
+    address = rt.sandboxer.link_of(sandbox).guest_ip
     socket.create_connection((address, AGENT_PORT), timeout=5).close()  # root: yes
     probe = f"import socket; socket.create_connection(({address!r}, {AGENT_PORT}), timeout=5)"
     done = subprocess.run(
@@ -265,9 +272,7 @@ def test_a_watcher_sees_the_hosts_file_operations_as_the_guests_own(
     sh(rt, sandbox, "echo guest > /home/user/wd/sub/inside.txt")  # the guest's own: inotify
     guest.move("wd/new.txt", "wd/sub/moved.txt")
     guest.remove("wd/sub/moved.txt")
-    time.sleep(0.2)
-    events = [(e.change, e.name) for e in guest.watcher_events(kept).events]
-    for expected in [
+    wanted = [
         (FsChange.CREATE, "new.txt"),
         (FsChange.WRITE, "new.txt"),
         (FsChange.CREATE, "sub"),
@@ -276,6 +281,17 @@ def test_a_watcher_sees_the_hosts_file_operations_as_the_guests_own(
         (FsChange.CREATE, "sub/moved.txt"),
         (FsChange.REMOVE, "sub/moved.txt"),
         (FsChange.CREATE, "sub/inside.txt"),
-    ]:
-        assert expected in events, (expected, events)
+    ]
+    events: list[tuple[FsChange, str]] = []  # each call hands over the changes since the last
+
+    def collected() -> list[tuple[FsChange, str]]:
+        events.extend((e.change, e.name) for e in guest.watcher_events(kept).events)
+        return events
+
+    eventually(
+        collected,
+        until=lambda seen: all(change in seen for change in wanted),
+        within=5,
+        what="every change reported",
+    )
     guest.remove_watcher(kept)

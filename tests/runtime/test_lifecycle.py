@@ -29,8 +29,8 @@ from tests.runtime.helpers import (
     run,
     sh,
     sigkill_and_reap,
-    wait_until,
 )
+from tests.support.waiting import eventually, stays
 
 COUNTER = (
     "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.01; done' "
@@ -47,12 +47,16 @@ def test_pause_really_stops_the_guest(runtime: LocalRuntime, sandbox_id: str) ->
     runtime.create(SandboxSpec(sandbox_id, "base"))
     ok(runtime, sandbox_id, COUNTER)
     counter = runtime.root / "sandboxes" / sandbox_id / "disk" / "upper" / "tmp" / "c"
-    assert wait_until(lambda: (read_counter(counter) or 0) > 3), "the counter never ran"
+    eventually(
+        lambda: read_counter(counter) or 0,
+        until=lambda n: n > 3,
+        within=10,
+        what="the counter running",
+    )
 
     runtime.pause(sandbox_id)
     first = counter.read_text()
-    time.sleep(0.3)
-    assert counter.read_text() == first
+    stays(lambda: counter.read_text() != first, for_=0.3, what="the paused guest's counter moving")
     assert runtime.status(sandbox_id).state is SandboxState.PAUSED
     with pytest.raises(RuntimeConflict):
         run(runtime, sandbox_id, ["true"])
@@ -62,7 +66,12 @@ def test_pause_really_stops_the_guest(runtime: LocalRuntime, sandbox_id: str) ->
     runtime.resume(sandbox_id)
     assert runtime.status(sandbox_id).state is SandboxState.RUNNING
     paused_at = int(first) if first.strip() else 0
-    assert wait_until(lambda: (read_counter(counter) or 0) > paused_at + 3)
+    eventually(
+        lambda: read_counter(counter) or 0,
+        until=lambda n: n > paused_at + 3,
+        within=10,
+        what="the resumed guest's counter moving",
+    )
     with pytest.raises(RuntimeConflict):
         runtime.resume(sandbox_id)
 
@@ -84,11 +93,14 @@ def test_kill_leaves_no_process_cgroup_or_mount_behind(
 
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
     assert not sandbox_dir.exists()
-    assert buried(runtime, sandbox_id)
+    buried(runtime, sandbox_id)
     # Not even a zombie: the init and every guest process are reaped.
-    assert wait_until(lambda: all(gone_or_reused(p, s) for p, s in starts.items()), timeout=1), [
-        (p, proc_state(p)) for p in victims if not gone_or_reused(p, starts[p])
-    ]
+    eventually(
+        lambda: [(p, proc_state(p)) for p in victims if not gone_or_reused(p, starts[p])],
+        until=lambda left: not left,
+        within=5,
+        what="every guest process reaped",
+    )
     assert mounts_mentioning(sandbox_dir) == []
 
 
@@ -107,7 +119,12 @@ def test_killing_a_paused_sandbox_works(runtime: LocalRuntime, sandbox_id: str) 
     start = proc_state(info.init_pid)[1]  # type: ignore[index]
     runtime.pause(sandbox_id)
     assert runtime.kill(sandbox_id) is True
-    assert wait_until(lambda: gone_or_reused(info.init_pid, start), timeout=1)
+    eventually(
+        lambda: proc_state(info.init_pid),
+        until=lambda state: state is None or state[1] != start,
+        within=5,
+        what="the init reaped",
+    )
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
 
 
@@ -118,9 +135,12 @@ def test_a_process_lifetime_ends_the_guest_command(runtime: LocalRuntime, sandbo
     assert result.signal == signal.SIGKILL and result.exit_code == 137, result
     assert time.monotonic() - started < 5
     # The lifetime ends the whole process group, or every timed-out command leaks one.
-    assert wait_until(
-        lambda: "sleep 3" not in ok(runtime, sandbox_id, "ps -e -o args="), timeout=1
-    ), ok(runtime, sandbox_id, "ps -e -o pid=,args=")
+    eventually(
+        lambda: ok(runtime, sandbox_id, "ps -e -o pid=,args="),
+        until=lambda ps: "sleep 3" not in ps,
+        within=2,
+        what="the timed-out command's group ended",
+    )
 
 
 # ------------------------------------------------------------------------- restarts
@@ -187,8 +207,11 @@ def test_a_sandbox_launched_by_a_crashed_sandboxd_keeps_a_reaper(
         f"init {info.init_pid} is now a child of {parent} {cmdline(parent or 0)!r}"
     )
     assert runtime.kill(sid) is True
-    assert wait_until(lambda: gone_or_reused(info.init_pid, start), timeout=1), proc_state(
-        info.init_pid
+    eventually(
+        lambda: proc_state(info.init_pid),
+        until=lambda state: state is None or state[1] != start,
+        within=5,
+        what="the init reaped",
     )
 
 
@@ -199,7 +222,12 @@ def test_a_sandbox_whose_init_died_is_kept_with_its_files_and_what_it_held_is_re
     ok(runtime, sandbox_id, "sleep 60 >/dev/null 2>&1 &")
     assert sandbox_id in runtime.live_ids()  # its init's pidfd is now kept (InitWatch)
     os.kill(info.init_pid, signal.SIGKILL)  # the kernel then kills the whole pid namespace
-    assert wait_until(lambda: runtime.status(sandbox_id).state is SandboxState.PAUSED, timeout=2)
+    eventually(
+        lambda: runtime.status(sandbox_id).state,
+        until=lambda s: s is SandboxState.PAUSED,
+        within=5,
+        what="the crashed sandbox kept as paused",
+    )
     assert sandbox_id in runtime.census().kept  # the kept pidfd says it ended; its disk stays
     with pytest.raises(RuntimeConflict):
         run(runtime, sandbox_id, ["true"])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from e2bfacade.runtime.local import lxcfs
+from tests.support.waiting import eventually
 
 
 def serving(mount: Path) -> list[int]:
@@ -62,10 +62,12 @@ def test_a_caller_that_finds_lxcfs_starting_waits_for_it_and_never_restarts_it()
     try:
         assert lxcfs.ensure(root, timeout=0) is None  # started, not waited for
         pid_file = root / "lxcfs.pid"
-        for _ in range(2000):  # bounded: lxcfs writes it as it starts (measured: < 5 ms)
-            if pid_file.is_file() and pid_file.read_text().strip():
-                break
-            time.sleep(0.001)
+        eventually(  # lxcfs writes it as it starts (measured: < 5 ms)
+            lambda: pid_file.is_file() and pid_file.read_text().strip(),
+            within=5,
+            every=0.001,
+            what="lxcfs's pid file",
+        )
         first = int(pid_file.read_text())
         mount = lxcfs.ensure(root)
         assert mount == root / "lxcfs"

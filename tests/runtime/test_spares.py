@@ -23,8 +23,8 @@ from tests.runtime.helpers import (
     kill_and_wait,
     loop_backings,
     ok,
-    wait_until,
 )
+from tests.support.waiting import eventually
 
 DISK = 1024  # SandboxSpec's default disk size, the one the pool keeps first
 
@@ -39,9 +39,12 @@ def rt() -> Iterator[LocalRuntime]:
 
 def filled(rt: LocalRuntime) -> None:
     rt.replenish(DISK)
-    assert wait_until(
-        lambda: len(rt.spares.ready()) >= 2 and len(rt.disk_pool.ready(DISK)) >= 2, timeout=30
-    ), (rt.spares.ready(), rt.disk_pool.ready(DISK))
+    eventually(
+        lambda: (rt.spares.ready(), rt.disk_pool.ready(DISK)),
+        until=lambda pools: all(len(ready) >= 2 for ready in pools),
+        within=30,
+        what="2 spares and 2 disks ready",
+    )
 
 
 def spare_pids(rt: LocalRuntime) -> list[int]:
@@ -110,7 +113,9 @@ def test_dead_spares_cost_only_speed_and_are_swept(rt: LocalRuntime) -> None:
     assert init_and_agent(rt.cgroups.pids(sid), info.init_pid)
     assert ok(rt, sid, "echo alive").strip() == "alive"
     rt.sweep()
-    assert wait_until(lambda: len(spare_pids(rt)) >= 2, timeout=30)  # refilled with live ones
+    eventually(  # refilled with live ones
+        lambda: spare_pids(rt), until=lambda p: len(p) >= 2, within=30, what="live spares"
+    )
     for group in rt.cgroups.spare_groups():
         assert rt.cgroups.pids(group), f"dead spare group {group} left behind"
     rt.kill(sid)

@@ -5,6 +5,7 @@ the host is looked at directly (its mounts, loop devices, the volume's files).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -24,7 +25,7 @@ from e2bfacade.runtime.base import (
     SandboxState,
 )
 from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.launcher import launch
+from e2bfacade.runtime.local.launcher.sandboxer import MAX_FDS
 from e2bfacade.runtime.local.record import SandboxRecord
 from e2bfacade.runtime.local.storage import volumes as store
 from e2bfacade.runtime.local.teardown import loops_under, mounts_under, teardown_root
@@ -35,8 +36,9 @@ from e2bfacade.runtime.volumes import (
     VolumeNotFound,
 )
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import MiB, ok, sh, wait_until
+from tests.runtime.helpers import MiB, ok, sh
 from tests.support.runtime_support import power_cut
+from tests.support.waiting import eventually
 
 GUEST_USER = 1000
 
@@ -238,10 +240,10 @@ def test_volumes_count_against_the_mounts_one_sandbox_may_be_handed(
         created_at=0.0,
         volume_mounts=tuple(VolumeMount(volume_id, f"/m{i}") for i in range(4)),
     )
-    layer = {**runtime.images.chain("base")[0], "host_binds": []}
-    deep = [layer] * (launch.MAX_FDS - 1 - 4 + 1)  # with lxcfs and 4 volumes: one too many
-    with pytest.raises(CreateRefused, match=f"need {launch.MAX_FDS + 1} mounts"):
-        launch.launch(runtime, record, deep)
+    layer = dataclasses.replace(runtime.images.chain("base")[0], host_binds=())
+    deep = [layer] * (MAX_FDS - 1 - 4 + 1)  # with lxcfs and 4 volumes: one too many
+    with pytest.raises(CreateRefused, match=f"need {MAX_FDS + 1} mounts"):
+        runtime.lifecycle.launch(record, deep)
     assert not runtime.layout.sandbox_dir("tfdcount").exists()
     assert not runtime.cgroups.exists("tfdcount")
 
@@ -444,7 +446,12 @@ def test_a_power_cut_and_a_new_runtime_keep_volumes_and_teardown_leaves_nothing(
         restarted.create(with_volumes("vpnew", (volume_id, "/n")))
         assert ok(restarted, "vpnew", "cat /n/f") == "before\nafter\n"
         os.kill(restarted.status("vpnew").init_pid, signal.SIGKILL)  # its own crash
-        assert wait_until(lambda: restarted.status("vpnew").state is SandboxState.PAUSED, 5)
+        eventually(
+            lambda: restarted.status("vpnew").state,
+            until=lambda s: s is SandboxState.PAUSED,
+            within=5,
+            what="the crashed sandbox kept as paused",
+        )
         restarted.resume("vpnew")
         assert ok(restarted, "vpnew", "stat -c %U /n/f") == "user\n"
         restarted.discard_spares()

@@ -20,7 +20,8 @@ from e2bfacade.runtime.base import CreateRefused, ImageBuild, SandboxSpec, Start
 from e2bfacade.runtime.local import LocalRuntime
 from e2bfacade.runtime.local.pools import warm
 from tests.runtime.conftest import destroy_runtime, make_runtime
-from tests.runtime.helpers import ok, wait_until
+from tests.runtime.helpers import ok
+from tests.support.waiting import eventually, stays
 
 PORT = 8000
 # A service that opens its port a little after it starts, as a real one does.
@@ -75,7 +76,7 @@ def pool(rt: LocalRuntime) -> list[Path]:
 
 def filled(rt: LocalRuntime) -> Path:
     rt.keep_warm(spec("shape"))
-    assert wait_until(lambda: len(pool(rt)) >= 1, timeout=30), os.listdir(rt.root / "sandboxes")
+    eventually(lambda: pool(rt), within=30, what="a pool sandbox ready")
     return pool(rt)[0]
 
 
@@ -170,7 +171,7 @@ def test_a_create_takes_a_pool_sandbox_and_it_becomes_the_creates(rt: LocalRunti
     env = json.loads(ok(rt, sid, f"cat {'/run/e2b/env.json'}"))
     assert env == {"E2B_SANDBOX_ID": sid, "SHADOWED": "claim"}
     # The pool is refilled behind it.
-    assert wait_until(lambda: len(pool(rt)) >= 1, timeout=30)
+    eventually(lambda: pool(rt), within=30, what="the pool refilled")
     rt.kill(sid)
     assert leftovers(rt, sid) == []
 
@@ -266,12 +267,11 @@ def test_a_template_without_a_start_command_gets_the_pool_it_asks_for(rt: LocalR
     # By default a template without a start command has no pool...
     sid = new_id()
     rt.create(base_spec(sid))
-    time.sleep(0.3)
-    assert base_pool(rt) == []
+    stays(lambda: base_pool(rt), for_=0.3, what="a pool for a template without one")
     rt.kill(sid)
     # ... and with ``warm_pool`` it has that many.
     rt.keep_warm(base_spec("shape", warm_pool=2))
-    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)
+    eventually(lambda: base_pool(rt), until=lambda p: len(p) == 2, within=30, what="2 ready")
     ready = base_pool(rt)[0]
     pool_init = json.loads((ready / "state.json").read_text())["init_pid"]
     assert not {p.name for p in base_pool(rt)} & {s.sandbox_id for s in rt.list()}
@@ -286,7 +286,7 @@ def test_a_template_without_a_start_command_gets_the_pool_it_asks_for(rt: LocalR
     assert ok(rt, sid, "hostname; echo $E2B_SANDBOX_ID") == f"{sid}\n{sid}\n"
     assert not (rt.root / "sandboxes" / sid / warm.READY).exists()
     assert rt.create(base_spec(sid, warm_pool=2)).init_pid == pool_init  # adopted, as ever
-    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)  # refilled behind it
+    eventually(lambda: base_pool(rt), until=lambda p: len(p) == 2, within=30, what="a refill")
     rt.kill(sid)
     assert leftovers(rt, sid) == []
     for p in base_pool(rt):
@@ -300,15 +300,18 @@ def test_warm_pool_zero_turns_a_start_commands_pool_off(rt: LocalRuntime) -> Non
                 rt.kill(name)
     sid = new_id()
     rt.create(spec(sid, warm_pool=0))
-    time.sleep(0.5)  # the service alone takes 0.2 s: a refill would have begun
-    assert warm.count(rt.root / "sandboxes", warm.shape_key(spec("x"), rt.version)) == 0
+    stays(  # the service alone takes 0.2 s: a refill would have begun
+        lambda: warm.count(rt.root / "sandboxes", warm.shape_key(spec("x"), rt.version)),
+        for_=0.5,
+        what="a refill of a pool turned off",
+    )
     rt.kill(sid)
 
 
 def test_warm_pools_keeps_the_pools_it_is_told_and_ends_every_other(rt: LocalRuntime) -> None:
     two, one = base_spec("shape", warm_pool=2), base_spec("shape", warm_pool=1)
     rt.warm_pools([two])
-    assert wait_until(lambda: len(base_pool(rt)) == 2, timeout=30)
+    eventually(lambda: base_pool(rt), until=lambda p: len(p) == 2, within=30, what="2 ready")
     with rt.warm.filling:
         pass  # the refill has ended (it would otherwise count what we end next)
     rt.warm_pools([one])  # made smaller: the extra one ends

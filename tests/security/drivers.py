@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 
 
-def is_gvisor(rt: LocalRuntime) -> bool:
+def is_gvisor(rt: HostRuntime) -> bool:
     return rt.name == "gvisor"
 
 
-def only_on(rt: LocalRuntime, driver: str, why: str) -> None:
+def only_on(rt: HostRuntime, driver: str, why: str) -> None:
     """Skip the running test unless ``rt`` is ``driver``'s; ``why``: what the other
     driver holds instead, or why the property does not apply to it."""
     if rt.name != driver:

@@ -25,6 +25,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.support.live_server import LiveServer, live_server, suite_database_url
+from tests.support.waiting import eventually
 
 THREADS, SANDBOX_THREADS, TEAM_THREADS = 64, 16, 32
 ADMIT_SECONDS, BODY_IDLE_SECONDS = 2, 3
@@ -241,7 +242,10 @@ def test_downloads_their_clients_dropped_stop_reading_the_file(pair: Pair) -> No
         assert statuses(socks, PROMPT_SECONDS) == [200] * 8
     assert pair.server.dataplane is not None
     worker = pair.server.dataplane.pid  # one worker: the data plane's own process
-    deadline = time.monotonic() + 3
-    while _open_files(worker, "dropped") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _open_files(worker, "dropped") == 0
+    eventually(
+        lambda: _open_files(worker, "dropped"),
+        until=lambda n: n == 0,
+        within=3,
+        every=0.1,
+        what="the dropped downloads' files closed",
+    )

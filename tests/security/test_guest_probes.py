@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import SandboxSpec
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.helpers import run
 from tests.security.drivers import is_gvisor
+
+pytestmark = pytest.mark.sandboxer
 
 # Runs inside the sandbox: each probe prints what it got, "ok" when the call succeeded.
 PROBES = r"""
@@ -146,7 +148,7 @@ PROBED = "probes-sbx"
 
 
 @pytest.fixture(scope="module")
-def probed(runtime: LocalRuntime) -> Iterator[dict[str, dict[str, object]]]:
+def probed(runtime: HostRuntime) -> Iterator[dict[str, dict[str, object]]]:
     sandbox_id = PROBED
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
     try:
@@ -163,7 +165,7 @@ def probed(runtime: LocalRuntime) -> Iterator[dict[str, dict[str, object]]]:
 @pytest.mark.parametrize("user", ["root", "user"])
 @pytest.mark.parametrize("probe", sorted(REFUSED))
 def test_a_dangerous_call_is_refused(
-    runtime: LocalRuntime,
+    runtime: HostRuntime,
     request: pytest.FixtureRequest,
     probed: dict[str, dict[str, object]],
     user: str,
@@ -183,7 +185,7 @@ def test_a_dangerous_call_is_refused(
 @pytest.mark.parametrize("user", ["root", "user"])
 @pytest.mark.parametrize("path", ["/proc/1/environ", "/proc/1/mem", "/proc/1/exe"])
 def test_the_init_cannot_be_read(
-    runtime: LocalRuntime,
+    runtime: HostRuntime,
     request: pytest.FixtureRequest,
     probed: dict[str, dict[str, object]],
     user: str,
@@ -201,7 +203,7 @@ def test_the_init_binary_cannot_be_changed(probed: dict[str, dict[str, object]])
 @pytest.mark.parametrize("user", ["root", "user"])
 @pytest.mark.parametrize("path", EMPTY)
 def test_host_kernel_information_is_masked(
-    runtime: LocalRuntime, probed: dict[str, dict[str, object]], user: str, path: str
+    runtime: HostRuntime, probed: dict[str, dict[str, object]], user: str, path: str
 ) -> None:
     got = probed[user][path]
     if is_gvisor(runtime) and path == "/proc/cmdline":

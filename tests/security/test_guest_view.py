@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import GuestFileError, SandboxSpec
-from e2bfacade.runtime.local import LocalRuntime
-from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh, wait_until
+from e2bfacade.runtime.local import HostRuntime
+from tests.runtime.helpers import cgroup_pids, cmdline, ok, sh
 from tests.security.drivers import is_gvisor, xfail_on_gvisor
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.sandboxer
 
 
 def _umask(pid: int) -> str:
@@ -25,7 +28,7 @@ def _umask(pid: int) -> str:
 
 
 def test_the_guests_init_agent_and_commands_have_umask_0022(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
 
@@ -35,8 +38,9 @@ def test_the_guests_init_agent_and_commands_have_umask_0022(
     # gvisor: the init and the agent are tasks of gVisor's kernel, not host processes, and
     # its /proc/<pid>/status has no Umask line; what they hand on is what a command gets.
     if not is_gvisor(runtime):
-        assert wait_until(lambda: len(agents()) == 1, timeout=5)  # named once it runs
-        agent = agents()
+        agent = eventually(  # named once it runs
+            agents, until=lambda a: len(a) == 1, within=5, what="the agent named"
+        )
         assert (_umask(info.init_pid), _umask(agent[0])) == ("0022", "0022")
     assert ok(runtime, sandbox_id, "umask").strip() == "0022"
     assert ok(runtime, sandbox_id, "umask", user="user").strip() == "0022"
@@ -51,7 +55,7 @@ def test_the_guests_init_agent_and_commands_have_umask_0022(
 
 
 def test_no_host_path_shows_in_the_guests_mounts_or_df(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     seen = ok(
@@ -72,7 +76,7 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
-    runtime: LocalRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, sandbox_id: str, new_sandbox_id: Callable[[], str]
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     host = Path(BOOT_ID).read_text()
@@ -97,7 +101,7 @@ def test_the_guests_boot_id_is_its_own_and_new_at_every_boot(
 
 
 def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user(
-    runtime: LocalRuntime, sandbox_id: str, request: pytest.FixtureRequest
+    runtime: HostRuntime, sandbox_id: str, request: pytest.FixtureRequest
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
 
@@ -149,7 +153,7 @@ def test_the_file_api_reads_the_guests_proc_and_sys_inside_the_guest_as_the_user
     "memory (runsc's --total-memory defaults to the host's), not its memory_mb"
 )
 def test_the_guest_sees_its_own_memory_limit_uptime_and_load_not_the_hosts(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base", memory_mb=256))
     meminfo = ok(runtime, sandbox_id, "cat /proc/meminfo", user="user")

@@ -100,7 +100,7 @@ def test_the_guest_reaches_no_host_service_through_its_link(
     rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
 ) -> None:
     sid = new_gvisor_sandbox()
-    link = rt.link_of(sid)
+    link = rt.sandboxer.link_of(sid)
     # Host services of the test's own: on every address (so on the link's host side too)
     # and on the host's loopback only.
     everywhere, loopback = listener("0.0.0.0"), listener("127.0.0.1")
@@ -121,7 +121,7 @@ def test_a_guest_reaches_no_other_sandbox_nor_its_agent(
     rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
 ) -> None:
     attacker, victim = new_gvisor_sandbox(), new_gvisor_sandbox()
-    theirs = rt.link_of(victim)
+    theirs = rt.sandboxer.link_of(victim)
     # The victim serves a port on every address for 4 s and reports who connected.
     serve = (
         "import socket, time\n"
@@ -200,7 +200,7 @@ def test_the_guests_proc_shows_only_its_sandbox(
     names = ok(rt, sid, "cat /proc/[0-9]*/comm", user="user").split()
     assert names[:2] == ["e2b-init", "e2b-agent"] and len(names) < 10, names
     # None of the host's processes: not this test's, not the sentry, gofer or runsc.
-    state = rt.runsc.state(rt.cid(sid)) or {}
+    state = rt.sandboxer.runsc.state(rt.sandboxer.cid(sid)) or {}
     for pid in (os.getpid(), int(state.get("pid") or 0)):
         assert sh(rt, sid, f"cat /proc/{pid}/cmdline", user="root").exit_code != 0, pid
     seen = ok(rt, sid, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '; cat /proc/mounts")
@@ -350,7 +350,7 @@ def test_guest_user_reaches_the_agent_from_no_address_of_the_guest(
     rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
 ) -> None:
     sid = new_gvisor_sandbox()
-    own = rt.link_of(sid).guest_ip
+    own = rt.sandboxer.link_of(sid).guest_ip
     argv = ["python3", "-c", REACH_AGENT, str(AGENT_PORT), own]
     result = run(rt, sid, argv, user="user", timeout=60)
     assert result.exit_code == 0, result
@@ -410,7 +410,7 @@ def test_guest_user_cannot_take_the_agents_port_nor_the_hosts_commands(
     rt: GvisorRuntime, new_gvisor_sandbox: Callable[..., str]
 ) -> None:
     sid = new_gvisor_sandbox()
-    own = rt.link_of(sid).guest_ip
+    own = rt.sandboxer.link_of(sid).guest_ip
     argv = ("python3", "-c", STEAL_AGENT, str(AGENT_PORT), own)
     thief = rt.guest(sid).start_process(ProcessSpec(argv, user="user", timeout=30))
     try:
@@ -482,7 +482,7 @@ def test_a_host_account_cannot_run_commands_in_a_sandbox_of_a_range_outside_the_
     sid = f"v{uuid.uuid4().hex[:12]}"
     rt.create(SandboxSpec(sid, "base"))
     try:
-        guest_ip = rt.link_of(sid).guest_ip
+        guest_ip = rt.sandboxer.link_of(sid).guest_ip
         assert guest_ip.startswith("198.19."), guest_ip
         done = subprocess.run(
             ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", HOST_START_ROOT,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -24,13 +23,16 @@ from e2bfacade.runtime.base import (
     SandboxSpec,
 )
 from e2bfacade.runtime.gvisor.driver import GvisorRuntime
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from e2bfacade.runtime.local.net.network import digest_of, table_exists
 from e2bfacade.runtime.local.net.rules import Link
 from e2bfacade.runtime.local.teardown import teardown_root
 from tests.network.conftest import internet, network_config  # noqa: F401 - fixture
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 from tests.support.internet import TestInternet
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.sandboxer
 
 PORT = 8000
 # Run on the host as another account: connects to argv[1]:argv[2] within 3 s, prints what
@@ -58,14 +60,12 @@ KINDS = ("local-network", "gvisor-network", "gvisor-isolated")
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def served(request: pytest.FixtureRequest, internet: TestInternet) -> Iterator[LocalRuntime]:  # noqa: F811
+def served(request: pytest.FixtureRequest, internet: TestInternet) -> Iterator[HostRuntime]:  # noqa: F811
     """A runtime of the driver and addressing the parameter names."""
     driver, addressing = request.param.split("-")
     config = network_config(internet) if addressing == "network" else None
-    if driver == "gvisor":
-        rt = make_gvisor_runtime(network=config)
-    else:
-        rt = make_runtime(network=config)
+    make = make_gvisor_runtime if driver == "gvisor" else make_runtime
+    rt: HostRuntime = make(network=config)
     rt.ensure_base_image()
     yield rt
     destroy_runtime(rt)
@@ -73,16 +73,16 @@ def served(request: pytest.FixtureRequest, internet: TestInternet) -> Iterator[L
         rt.network.teardown()
 
 
-def link_of(rt: LocalRuntime, sandbox_id: str) -> Link:
+def link_of(rt: HostRuntime, sandbox_id: str) -> Link:
     if isinstance(rt, GvisorRuntime):
-        return rt.link_of(sandbox_id)
+        return rt.sandboxer.link_of(sandbox_id)
     slot = rt.layout.slot_of(sandbox_id)
     assert rt.network is not None and slot is not None
     return rt.network.link(slot)
 
 
 @pytest.fixture
-def serving(served: LocalRuntime) -> Iterator[tuple[LocalRuntime, str, Link]]:
+def serving(served: HostRuntime) -> Iterator[tuple[HostRuntime, str, Link]]:
     """A sandbox serving PORT, once the runtime's port dialer (the data plane's way in)
     reaches it."""
     rt = served
@@ -90,14 +90,13 @@ def serving(served: LocalRuntime) -> Iterator[tuple[LocalRuntime, str, Link]]:
     rt.create(SandboxSpec(sid, BUILTIN_IMAGE, network=NetworkPolicy()))
     try:
         rt.guest(sid).start_process(ProcessSpec(("python3", "-c", SERVE), user="user")).close()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                rt.guest(sid).connect_port(PORT, timeout=1).close()
-                break
-            except GuestFileError:
-                assert time.monotonic() < deadline, "the guest's server never came up"
-                time.sleep(0.1)
+        eventually(
+            lambda: rt.guest(sid).connect_port(PORT, timeout=1),
+            within=20,
+            every=0.1,
+            what="the guest's server up",
+            ignoring=(GuestFileError,),
+        ).close()
         yield rt, sid, link_of(rt, sid)
     finally:
         rt.kill(sid)
@@ -118,7 +117,7 @@ def connect_as(account: str, address: str, port: int) -> tuple[str, float]:
 
 
 def test_a_host_account_other_than_the_services_cannot_connect_to_a_sandboxs_port(
-    serving: tuple[LocalRuntime, str, Link],
+    serving: tuple[HostRuntime, str, Link],
 ) -> None:
     rt, sid, link = serving
     got, took = connect_as("nobody", link.guest_ip, PORT)
@@ -131,7 +130,7 @@ def test_a_host_account_other_than_the_services_cannot_connect_to_a_sandboxs_por
 
 
 def test_the_services_own_account_still_connects_to_the_sandboxs_address(
-    serving: tuple[LocalRuntime, str, Link],
+    serving: tuple[HostRuntime, str, Link],
 ) -> None:
     # The gvisor driver dials its guests' ports and agent this way (its guests are
     # gVisor's network stack, not a namespace of the host's kernel).
@@ -141,7 +140,7 @@ def test_the_services_own_account_still_connects_to_the_sandboxs_address(
         assert conn.recv(2) == b"hi"
 
 
-def guard_of(rt: LocalRuntime) -> str:
+def guard_of(rt: HostRuntime) -> str:
     return f"e2bfacade_{digest_of(rt.root)[:8]}_accounts"
 
 

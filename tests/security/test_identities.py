@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from e2bfacade.runtime.base import ProcessSpec, SandboxSpec, UnknownUser
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.helpers import ok, run, sh
 from tests.security.drivers import is_gvisor, only_on
 
@@ -30,14 +30,15 @@ def host_uid_and_caps(pid: int) -> tuple[int, int]:
     return int(status["Uid"].split()[1]), int(status["CapEff"].strip(), 16)
 
 
-def id_base(runtime: LocalRuntime, sandbox_id: str) -> int:
+def id_base(runtime: HostRuntime, sandbox_id: str) -> int:
     state = runtime.layout.read_state(sandbox_id)
     assert state is not None
     return state.id_base
 
 
+@pytest.mark.sandboxer
 def test_guest_root_and_user_are_unprivileged_host_ids(
-    runtime: LocalRuntime, sandbox_id: str, request: pytest.FixtureRequest
+    runtime: HostRuntime, sandbox_id: str, request: pytest.FixtureRequest
 ) -> None:
     info = runtime.create(SandboxSpec(sandbox_id, "base"))
     base = id_base(runtime, sandbox_id)
@@ -63,7 +64,7 @@ def test_guest_root_and_user_are_unprivileged_host_ids(
 
 
 def test_two_live_sandboxes_never_share_an_id_and_a_kill_frees_the_range(
-    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     a, b = new_sandbox_id(), new_sandbox_id()
     runtime.create(SandboxSpec(a, "base"))
@@ -77,8 +78,9 @@ def test_two_live_sandboxes_never_share_an_id_and_a_kill_frees_the_range(
     assert not (runtime.root / "ids" / f"s-{a}").exists()
 
 
+@pytest.mark.sandboxer
 def test_usr_stays_read_only_whatever_guest_root_tries(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     marker = f"/usr/e2bt-planted-{sandbox_id}"
@@ -103,7 +105,7 @@ def test_usr_stays_read_only_whatever_guest_root_tries(
 
 @pytest.mark.skipif(shutil.which("sudo") is None, reason="sudo is not installed on this host")
 def test_sudo_lifts_user_to_guest_root_and_no_further(
-    runtime: LocalRuntime, sandbox_id: str
+    runtime: HostRuntime, sandbox_id: str
 ) -> None:
     only_on(
         runtime,
@@ -123,8 +125,9 @@ def test_sudo_lifts_user_to_guest_root_and_no_further(
     assert result.exit_code != 0
 
 
+@pytest.mark.sandboxer
 def test_per_uid_kernel_limits_are_per_sandbox(
-    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     a, b = new_sandbox_id(), new_sandbox_id()
     runtime.create(SandboxSpec(a, "base"))
@@ -152,7 +155,7 @@ def test_per_uid_kernel_limits_are_per_sandbox(
         proc.close()
 
 
-def test_the_state_directory_is_root_only(runtime: LocalRuntime) -> None:
+def test_the_state_directory_is_root_only(runtime: HostRuntime) -> None:
     # No other host account may read a layer or hold a lock file to stall the runtime.
     for path in (
         runtime.root,
@@ -166,9 +169,10 @@ def _host_uids_in(tree: os.PathLike[str] | str) -> set[int]:
     return {os.lstat(os.path.join(d, n)).st_uid for d, _, ns in os.walk(tree) for n in ns}
 
 
+@pytest.mark.sandboxer
 @pytest.mark.parametrize("kind", ["wraps to host root", "past the range", "gid past the range"])
 def test_a_passwd_account_outside_the_id_range_is_refused_not_taken_by_a_host_thread(
-    runtime: LocalRuntime, sandbox_id: str, kind: str
+    runtime: HostRuntime, sandbox_id: str, kind: str
 ) -> None:
     runtime.create(SandboxSpec(sandbox_id, "base"))
     base = id_base(runtime, sandbox_id)

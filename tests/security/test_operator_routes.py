@@ -146,7 +146,7 @@ def test_e2bs_admin_paths_and_the_admin_site_never_shadow_each_other(team: Team)
 def test_nodes_are_this_services_one_host_under_an_opaque_id(
     operator: APIClient, api_client: APIClient, runtime: LocalRuntime
 ) -> None:
-    from sandboxes.transitions import host_label
+    from nodes.selectors import host_label
 
     client = api_client
     started(client, 2)

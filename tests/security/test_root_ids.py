@@ -17,28 +17,33 @@ import pytest
 
 from e2bfacade.runtime.base import BUILTIN_IMAGE, RuntimeUnavailable, SandboxSpec, SandboxState
 from e2bfacade.runtime.gvisor.driver import GvisorRuntime
-from e2bfacade.runtime.local import LocalRuntime
-from e2bfacade.runtime.local.net import roots
-from e2bfacade.runtime.local.state import (
+from e2bfacade.runtime.local import HostRuntime, LocalRuntime
+from e2bfacade.runtime.local.ids import (
     BLOCK_LOCK,
     ID_BLOCK,
     ID_BLOCKS,
     ID_FIRST_BASE,
     recorded_block,
 )
+from e2bfacade.runtime.local.net import roots
 from tests.runtime.conftest import destroy_runtime, make_gvisor_runtime, make_runtime
 
-# The two drivers' roots: how the tests make one, and the class that opens one.
+# The two drivers' roots: how the tests make one, and the class that opens one. What the
+# sandboxes of a root run as crosses the sandboxer seam (both drivers); a root's block of
+# host ids is the host layer both share (the local driver's root only).
 DRIVERS = pytest.mark.parametrize(
     ("make", "driver"),
     [(make_runtime, LocalRuntime), (make_gvisor_runtime, GvisorRuntime)],
     ids=["local", "gvisor"],
 )
+HOST_LAYER = pytest.mark.parametrize(
+    ("make", "driver"), [(make_runtime, LocalRuntime)], ids=["local"]
+)
 
 
 @pytest.fixture
-def runtimes() -> Iterator[list[LocalRuntime]]:
-    made: list[LocalRuntime] = []
+def runtimes() -> Iterator[list[HostRuntime]]:
+    made: list[HostRuntime] = []
     yield made
     for rt in made:
         destroy_runtime(rt)
@@ -59,9 +64,10 @@ def _host_ids(pid: int) -> tuple[set[int], range]:
     return ids, range(outside, outside + count)
 
 
+@pytest.mark.sandboxer
 @DRIVERS
 def test_the_sandboxes_of_two_roots_never_run_as_the_same_host_uid(
-    runtimes: list[LocalRuntime], make: Callable[..., LocalRuntime], driver: type[LocalRuntime]
+    runtimes: list[HostRuntime], make: Callable[..., LocalRuntime], driver: type[HostRuntime]
 ) -> None:
     if driver is GvisorRuntime:
         pytest.skip(
@@ -93,9 +99,9 @@ def test_the_sandboxes_of_two_roots_never_run_as_the_same_host_uid(
         assert claim is not None and claim.block == rt.layout.id_block
 
 
-@DRIVERS
+@HOST_LAYER
 def test_a_root_whose_block_another_root_holds_refuses_to_start_naming_it(
-    runtimes: list[LocalRuntime], make: Callable[..., LocalRuntime], driver: type[LocalRuntime]
+    runtimes: list[HostRuntime], make: Callable[..., LocalRuntime], driver: type[HostRuntime]
 ) -> None:
     holder = make(spares=0)
     runtimes.append(holder)

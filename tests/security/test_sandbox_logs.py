@@ -242,6 +242,7 @@ def test_logs_of_a_sandbox_killed_longer_ago_than_the_retention_are_purged(
 
 
 # -------------------------------------------------------------------------- the store
+@pytest.mark.both_databases
 def test_the_store_drops_the_oldest_entries_past_the_count_and_byte_bounds(
     team: Team, settings: Any
 ) -> None:
@@ -367,6 +368,7 @@ def test_batch_metrics_refuses_no_ids_or_more_than_100(
     assert says in response.json()["message"]
 
 
+@pytest.mark.both_databases
 def test_team_metrics_count_the_starts_and_the_most_live_for_the_callers_team_only(
     api_client: APIClient,
     create_sandbox: CreateSandbox,  # noqa: F811 - fixture
@@ -416,6 +418,7 @@ def test_team_metrics_count_the_starts_and_the_most_live_for_the_callers_team_on
     assert backwards.status_code == 400
 
 
+@pytest.mark.both_databases
 def test_old_team_samples_are_purged(team: Team, settings: Any) -> None:
     now = timezone.now()
     TeamMetricSample.objects.create(team=team, at=int(now.timestamp()) - 10, concurrent=1)

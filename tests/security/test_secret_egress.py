@@ -4,7 +4,10 @@ environment, its files, its processes, what the proxy relays back), not another 
 (a redirect, a second request on the same connection, a name the guest points at an
 address of its choosing, a CONNECT through the proxy). Through the unmodified Python SDK
 against a live server whose uplink is the suite's test internet, whose web servers answer
-``/headers`` with every header they got and its SHA-256 (tests/support/internet.py)."""
+``/headers`` with every header they got and its SHA-256 (tests/support/internet.py). Each
+test runs on both drivers (``[local]``, ``[gvisor]``): the proxy is the host's either way,
+but the guest's requests, its trust store and the divert start in a different network
+stack."""
 
 from __future__ import annotations
 
@@ -24,8 +27,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from e2b import ALL_TRAFFIC, CommandExitException, Sandbox, SandboxException, Secret
 
-from tests.network.conftest import internet, unique_cidr  # noqa: F401 - fixture
+from tests.network.conftest import (  # noqa: F401 - fixture
+    LIVE_DRIVERS,
+    assert_runs_on,
+    internet,
+    live_driver_env,
+    unique_cidr,
+)
 from tests.support.internet import TestInternet
+from tests.support.live_fixtures import point_sdk
 from tests.support.live_server import REPO, LiveServer, live_server
 
 VALUE = "sk-egress-7c2e41d9b0a5f3e8-never-in-the-sandbox"
@@ -36,10 +46,14 @@ OTHER_HOST = "other.example"  # 203.0.113.30
 OTHER_ADDRESS = "203.0.113.30"
 
 
-@pytest.fixture(scope="module")
-def egress_server(internet: TestInternet) -> Iterator[LiveServer]:  # noqa: F811
+@pytest.fixture(scope="module", params=LIVE_DRIVERS)
+def egress_server(
+    request: pytest.FixtureRequest,
+    internet: TestInternet,  # noqa: F811
+) -> Iterator[LiveServer]:
     suite_url = os.environ.get("DATABASE_URL") or f"sqlite:///{REPO / 'db.sqlite3'}"
     env = {
+        **live_driver_env(request.param),
         "SANDBOX_UPLINK": internet.uplink,
         "SANDBOX_UPLINK_GATEWAY": internet.gateway,
         "SANDBOX_NETWORK_CIDR": unique_cidr(),
@@ -54,11 +68,7 @@ def egress_server(internet: TestInternet) -> Iterator[LiveServer]:  # noqa: F811
 
 @pytest.fixture
 def sdk(egress_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", egress_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", egress_server.sandbox_url)
-    monkeypatch.setenv("E2B_API_KEY", egress_server.api_key)
+    point_sdk(monkeypatch, egress_server, egress_server.api_key)
     return egress_server
 
 
@@ -101,7 +111,7 @@ def secret_name(sdk: LiveServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def sandbox(secret_name: str) -> Iterator[Sandbox]:
+def sandbox(sdk: LiveServer, secret_name: str) -> Iterator[Sandbox]:
     sbx = Sandbox.create(
         network={
             "allow_out": [RULE_HOST, OTHER_HOST],
@@ -109,6 +119,7 @@ def sandbox(secret_name: str) -> Iterator[Sandbox]:
             "rules": rules(secret_name),
         },
     )
+    assert_runs_on(sdk.env["SANDBOX_RUNTIME"], run(sbx, "cat /proc/cmdline"))
     yield sbx
     sbx.kill()
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 
 ROOT_HEADER = {"Authorization": "Basic " + base64.b64encode(b"root:").decode()}
@@ -32,11 +32,7 @@ def server() -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def sbx(server: LiveServer) -> Iterator[Sandbox]:
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", server.url)
-        env.setenv("E2B_API_KEY", server.api_key)
-        env.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+        point_sdk(env, server, server.api_key)
         sandbox = Sandbox.create(secure=True, timeout=120)
         try:
             made = sandbox.commands.run(

@@ -8,8 +8,10 @@ import os
 import uuid
 from collections.abc import Callable
 
+import pytest
+
 from e2bfacade.runtime.base import SandboxSpec
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from tests.runtime.helpers import ok, sh
 from tests.security.drivers import only_on
 
@@ -47,7 +49,7 @@ GVISOR_HAS_NONE = (
 
 
 def test_a_snapshot_keeps_setuid_setgid_capabilities_acls_and_xattrs(
-    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     only_on(runtime, "local", GVISOR_HAS_NONE)
     a, b = new_sandbox_id(), new_sandbox_id()
@@ -102,8 +104,9 @@ def test_a_snapshot_keeps_setuid_setgid_capabilities_acls_and_xattrs(
     )
 
 
+@pytest.mark.sandboxer
 def test_a_gvisor_snapshot_keeps_modes_and_gives_nothing(
-    runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
+    runtime: HostRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     only_on(runtime, "gvisor", "the local driver's: the test above")
     a, b = new_sandbox_id(), new_sandbox_id()

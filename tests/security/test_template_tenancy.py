@@ -38,7 +38,7 @@ from tests.contract.template_support import (
 )
 from tests.support.factories import TeamFactory, TemplateFactory
 from tests.support.live_database import query
-from tests.support.live_fixtures import started
+from tests.support.live_fixtures import point_sdk, started
 from tests.support.live_server import LiveServer
 from tests.support.runtime_support import django_runtime, session_sandbox_root
 
@@ -73,11 +73,7 @@ def team_b(server: LiveServer) -> Iterator[httpx.Client]:
 def sandbox_of(server: LiveServer, api_key: str, ref: str) -> Iterator[Sandbox]:
     """A sandbox of ``ref`` started by the team of ``api_key`` through the SDK."""
     with pytest.MonkeyPatch.context() as env:
-        for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("E2B_API_URL", server.url)
-        env.setenv("E2B_API_KEY", api_key)
-        env.setenv("E2B_SANDBOX_URL", server.sandbox_url)
+        point_sdk(env, server, api_key)
         sandbox = Sandbox.create(ref, timeout=60)
         try:
             yield sandbox

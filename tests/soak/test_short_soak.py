@@ -13,6 +13,8 @@ import sys
 from tests.support.live_server import REPO, suite_database_url
 
 SECONDS = 20
+# bench/soak.py's MIX: creates (plain, keyed, replayed), pause, connect, kill, list, get.
+MIX_OPERATIONS = 8
 
 
 def test_a_short_soak_has_no_unexpected_answers_and_ends_in_agreement() -> None:
@@ -35,8 +37,9 @@ def test_a_short_soak_has_no_unexpected_answers_and_ends_in_agreement() -> None:
     assert result["unexpected"] == 0, result["unexpected_samples"]
     assert result["server_5xx"] == 0
     assert result["agreement"]["problems"] == []
-    # It really was traffic: every operation of the mix ran, creates and kills many times.
+    # It really was traffic: every operation of the mix ran, each several times. Not a rate:
+    # 200 requests in the 20 s held on an idle machine only (176 while other tests shared
+    # the 2 cores, every answer right), and how fast the host is is not what this checks.
     counts = {row["route"]: row["count"] for row in result["routes"]}
-    assert all(count > 0 for count in counts.values()), counts
-    assert result["requests"] >= 200, result["requests"]
+    assert len(counts) == MIX_OPERATIONS and min(counts.values()) >= 5, counts
     assert proc.returncode == 0, proc.stderr[-3000:]

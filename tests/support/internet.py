@@ -44,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.support.waiting import eventually
+
 NAMES = {
     "allowed.example": "203.0.113.10",
     "www.allowed.example": "203.0.113.10",
@@ -154,14 +156,20 @@ class TestInternet:
             stdout=subprocess.DEVNULL,
             stderr=open(self.dir / "server.log", "wb"),  # noqa: SIM115
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not (self.dir / "ready").exists():
-            if self.server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the test internet did not start: "
-                    + (self.dir / "server.log").read_text(errors="replace")[-2000:]
-                )
-            time.sleep(0.05)
+        server = self.server
+
+        def ready() -> bool:
+            if server.poll() is not None:
+                raise RuntimeError("it exited")
+            return (self.dir / "ready").exists()
+
+        try:
+            eventually(ready, within=20, what="the test internet's ready file")
+        except (AssertionError, RuntimeError) as exc:
+            raise RuntimeError(
+                f"the test internet did not start ({exc}): "
+                + (self.dir / "server.log").read_text(errors="replace")[-2000:]
+            ) from None
 
     def close(self) -> None:
         if self.server is not None and self.server.poll() is None:
@@ -178,6 +186,9 @@ class TestInternet:
 # ---------------------------------------------------------------------- inside the namespace
 class _Web(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body are written apart: with Nagle's algorithm on, the body waited
+    # for the client's delayed ACK (~40 ms), the floor of every kept-alive request.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: object) -> None:
         pass

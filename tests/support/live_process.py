@@ -14,13 +14,13 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from e2bfacade import supervision
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -234,38 +234,43 @@ class Server:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+
+        process, dataplane = self.process, self.dataplane
+        assert process is not None and dataplane is not None
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 raise ServerError(f"gunicorn exited at start:\n{self.log_tail()}")
             if self.worker is not None and self.worker.poll() is not None:
                 raise ServerError(f"the lifecycle worker exited at start:\n{self.log_tail()}")
-            if self.dataplane is not None and self.dataplane.poll() is not None:
+            if dataplane.poll() is not None:
                 raise ServerError(f"the data plane exited at start:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError, OSError):
-                # Sandbox connections to named domains go through the egress proxy only
-                # while it listens (else their CIDR rules judge them): wait for it.
-                if self.egress is not None and not listening(self.egress.pid):
-                    time.sleep(0.05)
-                    continue
-                # Answered by the processes started here, not by an orphan of an earlier
-                # start that still holds the port (e2bfacade/supervision.py).
-                if not (
-                    supervision.serves(self.process.pid, "127.0.0.1", self.port)
-                    and supervision.serves(self.dataplane.pid, "127.0.0.1", self.sandbox_port)
-                ):
-                    time.sleep(0.05)
-                    continue
-                if (
-                    httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-                    # No sandbox named: the data plane's 400 says it is up.
-                    and httpx.get(f"{self.sandbox_url}/health", timeout=1).status_code == 400
-                ):
-                    return
-            time.sleep(0.05)
-        raise ServerError(
-            f"gunicorn did not answer /health in {START_SECONDS}s:\n{self.log_tail()}"
-        )
+            # Sandbox connections to named domains go through the egress proxy only while it
+            # listens (else their CIDR rules judge them): wait for it.
+            if self.egress is not None and not listening(self.egress.pid):
+                return False
+            # Answered by the processes started here, not by an orphan of an earlier start
+            # that still holds the port (e2bfacade/supervision.py).
+            if not (
+                supervision.serves(process.pid, "127.0.0.1", self.port)
+                and supervision.serves(dataplane.pid, "127.0.0.1", self.sandbox_port)
+            ):
+                return False
+            return (
+                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+                # No sandbox named: the data plane's 400 says it is up.
+                and httpx.get(f"{self.sandbox_url}/health", timeout=1).status_code == 400
+            )
+
+        try:
+            eventually(
+                ready,
+                within=START_SECONDS,
+                what="the API's and the data plane's /health",
+                ignoring=(httpx.HTTPError, OSError),
+            )
+        except AssertionError as exc:
+            raise ServerError(f"{exc}:\n{self.log_tail()}") from None
 
     def stop(self) -> None:
         """Stop the lifecycle worker, the data plane and gunicorn gracefully (SIGKILL after

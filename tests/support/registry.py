@@ -14,7 +14,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.live_process import free_port
+from tests.support.waiting import eventually
 
 START_SECONDS = 10.0
 
@@ -92,16 +92,19 @@ def loopback_registry(storage: Path, *, users: dict[str, str] | None = None) -> 
 
 
 def _wait_ready(url: str, process: subprocess.Popen[bytes], storage: Path) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
+    def answering() -> bool:
         if process.poll() is not None:
             raise RegistryError(
                 f"docker-registry exited: {(storage / 'registry.log').read_text()[-2000:]}"
             )
-        try:
-            if httpx.get(f"{url}/v2/", timeout=1, trust_env=False).status_code in (200, 401):
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RegistryError(f"docker-registry did not answer on {url} in {START_SECONDS:.0f} s")
+        return httpx.get(f"{url}/v2/", timeout=1, trust_env=False).status_code in (200, 401)
+
+    try:
+        eventually(
+            answering,
+            within=START_SECONDS,
+            what=f"docker-registry answering on {url}",
+            ignoring=(httpx.TransportError,),
+        )
+    except AssertionError as exc:
+        raise RegistryError(str(exc)) from None

@@ -17,7 +17,7 @@ import pytest
 
 from e2bfacade import sandbox_runtime
 from e2bfacade.runtime.base import ImageInUse, RuntimeUnavailable
-from e2bfacade.runtime.local import BASE_IMAGE, LocalRuntime, lxcfs
+from e2bfacade.runtime.local import BASE_IMAGE, HostRuntime, LocalRuntime, lxcfs
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.models import Template
 
@@ -110,7 +110,7 @@ def session_sandbox_root(prefix: str) -> Iterator[Path]:
     # be made after it. Stop that one first: its discard waits for its own refill to end.
     for cached in list(sandbox_runtime._runtimes.values()):
         inner = getattr(cached, "_inner", cached)  # under FaultyRuntime when failpoints are on
-        if isinstance(inner, LocalRuntime) and inner.root == root:
+        if isinstance(inner, HostRuntime) and inner.root == root:  # either driver's
             inner.discard_spares()
     try:
         rt = LocalRuntime(root)

@@ -18,10 +18,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from tests.support.internet import TestInternet
+from tests.support.waiting import eventually
 
 
 def _hash(password: str) -> str:
@@ -108,19 +108,24 @@ class Dante:
             stderr=open(self.dir / "stderr.log", "wb"),  # noqa: SIM115
             start_new_session=True,  # danted's children go with it (killpg below)
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while True:
+        process = self.process
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError("it exited")
             probe = subprocess.run(
                 ["ip", "netns", "exec", ns, "ss", "-Hltn", f"src {self.address}:{self.port}"],
                 capture_output=True, text=True, timeout=30,
             )  # fmt: skip
-            if probe.stdout.strip():
-                return self
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                err = (self.dir / "stderr.log").read_text(errors="replace") + self.log_text()
-                self.__exit__()
-                raise RuntimeError(f"danted did not start: {err[-2000:]}")
-            time.sleep(0.05)
+            return bool(probe.stdout.strip())
+
+        try:
+            eventually(listening, within=20, what="danted listening")
+        except (AssertionError, RuntimeError) as exc:
+            err = (self.dir / "stderr.log").read_text(errors="replace") + self.log_text()
+            self.__exit__()
+            raise RuntimeError(f"danted did not start ({exc}): {err[-2000:]}") from None
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.process is not None:

@@ -9,6 +9,7 @@ is this root with the template's images and layer-cache rows removed."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -26,7 +27,7 @@ from django.conf import settings
 
 from e2bfacade.models import system_team
 from e2bfacade.runtime.base import ImageInUse
-from e2bfacade.runtime.local import LocalRuntime
+from e2bfacade.runtime.local import HostRuntime
 from e2bfacade.sandbox_runtime import get_runtime
 from templates.builds import caches, image_cache, worker
 from templates.builds import files as build_files
@@ -85,9 +86,9 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def rt() -> LocalRuntime:
+def rt() -> HostRuntime:
     runtime = get_runtime()
-    if not isinstance(runtime, LocalRuntime):
+    if not isinstance(runtime, HostRuntime):
         pytest.skip("the image cache keeps the local drivers' images")
     return runtime
 
@@ -129,7 +130,7 @@ def _ran_steps(build: TemplateBuild) -> bool:
     return any(m.startswith("[builder 2/5] RUN") for m in _log(build))
 
 
-def _forget(rt: LocalRuntime) -> None:
+def _forget(rt: HostRuntime) -> None:
     """What a new sandbox root has of the team's images and layers: nothing."""
     namespace = image_namespace(system_team().pk)
     LayerCacheEntry.objects.all().delete()
@@ -145,15 +146,15 @@ def _forget(rt: LocalRuntime) -> None:
     raise AssertionError(f"images left: {left}")
 
 
-def _fingerprint(rt: LocalRuntime, image_id: str) -> list[Any]:
+def _fingerprint(rt: HostRuntime, image_id: str) -> list[Any]:
     """Every layer above base of ``image_id``: its id, its image.json but for when it was
     made, and every file with its type, mode, owners, size, times, link target, device,
     content digest and extended attributes."""
     out: list[Any] = []
     for meta in rt.images.chain(image_id):
-        if meta["id"] == "base":
+        if meta.image_id == "base":
             continue
-        root = rt.layout.image_dir(meta["id"]) / "rootfs"
+        root = rt.images.layer(meta.image_id)
         files = []
         for dirpath, dirnames, filenames in os.walk(root):
             for name in sorted([*dirnames, *filenames]):
@@ -173,8 +174,7 @@ def _fingerprint(rt: LocalRuntime, image_id: str) -> list[Any]:
                      st.st_mtime_ns, st.st_rdev, st.st_nlink, st.st_blocks, what, xattrs)
                 )  # fmt: skip
         files.sort()
-        meta = {k: v for k, v in meta.items() if k != "created"}
-        out.append((meta, files))
+        out.append((dataclasses.replace(meta, created=0.0), files))
     return out
 
 
@@ -183,7 +183,7 @@ def _entries(cache_dir: Path) -> list[Path]:
 
 
 @pytest.fixture
-def built(rt: LocalRuntime, cache_dir: Path) -> Iterator[tuple[TemplateBuild, list[Any]]]:
+def built(rt: HostRuntime, cache_dir: Path) -> Iterator[tuple[TemplateBuild, list[Any]]]:
     """A cold build (no entry): its build and its image's fingerprint."""
     build = _build()
     yield build, _fingerprint(rt, build.image_id)
@@ -214,7 +214,7 @@ def test_a_system_build_keeps_its_image_in_the_host_cache(
 
 
 def test_a_new_root_restores_exactly_the_image_the_build_made(
-    rt: LocalRuntime, built: tuple[TemplateBuild, list[Any]]
+    rt: HostRuntime, built: tuple[TemplateBuild, list[Any]]
 ) -> None:
     first, fingerprint = built
     _forget(rt)
@@ -238,7 +238,7 @@ def test_a_new_root_restores_exactly_the_image_the_build_made(
 
 
 def test_a_changed_input_misses_and_builds(
-    rt: LocalRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path
+    rt: HostRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path
 ) -> None:
     first, _ = built
     _forget(rt)
@@ -272,7 +272,7 @@ def test_the_key_changes_with_the_base_the_code_the_runtime_and_the_internet(
 
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated", "archive gone", "no manifest"])
 def test_a_corrupt_or_partial_entry_is_detected_removed_and_built_again(
-    rt: LocalRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path, damage: str
+    rt: HostRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path, damage: str
 ) -> None:
     first, fingerprint = built
     (entry,) = _entries(cache_dir)
@@ -305,7 +305,7 @@ def test_a_corrupt_or_partial_entry_is_detected_removed_and_built_again(
 
 
 def test_concurrent_fillers_make_one_entry(
-    rt: LocalRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path
+    rt: HostRuntime, built: tuple[TemplateBuild, list[Any]], cache_dir: Path
 ) -> None:
     first, _ = built
     cache = image_cache.for_build(
@@ -341,7 +341,7 @@ def test_the_cache_is_pruned_by_age_and_size_but_never_under_a_held_lock(
     assert listed.path == entry and listed.size > 0
     later = time.time() + 40 * caches.DAY
     rt = get_runtime()
-    assert isinstance(rt, LocalRuntime)
+    assert isinstance(rt, HostRuntime)
     cache = image_cache.for_build(
         rt, team_id=system_team().pk, system=True, base="base", internet=False
     )
@@ -355,7 +355,7 @@ def test_the_cache_is_pruned_by_age_and_size_but_never_under_a_held_lock(
     assert not entry.exists()
 
 
-def test_only_the_system_teams_builds_from_base_use_the_cache(rt: LocalRuntime) -> None:
+def test_only_the_system_teams_builds_from_base_use_the_cache(rt: HostRuntime) -> None:
     for_build = image_cache.for_build
     assert for_build(rt, team_id=1, system=False, base="base", internet=False) is None
     assert for_build(rt, team_id=1, system=True, base="pulled-x", internet=False) is None

@@ -117,4 +117,4 @@ def test_device_nodes_fifos_and_sockets_are_left_out(
     assert (made / "etc/motd").read_text() == "hello\n"
     assert not any(os.path.lexists(made / p) for p in ("dev/null", "etc/fifo", "etc/sock"))
     assert (made / "dev").is_dir() and (made / "home/user").is_dir()
-    assert local_runtime.images.read(image_id)["env"]["PATH"].startswith("/usr/local/sbin:")
+    assert local_runtime.images.read(image_id).env["PATH"].startswith("/usr/local/sbin:")

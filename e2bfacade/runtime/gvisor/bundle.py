@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import CreateRefused
-from e2bfacade.runtime.local.state import write_json
+from e2bfacade.runtime.local.atomic import write_json
 from e2bfacade.runtime.local.storage import disks
+from e2bfacade.runtime.local.storage.volumes import HostMount
 
 _libc = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
@@ -114,7 +115,7 @@ def mount_root(
     sandbox_dir: Path,
     layers: Sequence[Path],
     binds: Sequence[str],
-    volumes: Sequence[tuple[Path, str]],
+    volumes: Sequence[HostMount],
 ) -> Path:
     """Mount the sandbox's root tree (the module's header); the disk must be mounted. A
     mounted one is taken down first. Returns the root."""
@@ -148,9 +149,9 @@ def mount_root(
             _mount(
                 "none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None
             )
-        for source, guest_path in volumes:
-            target = _inside(root, guest_path)
-            _mount(str(source), target, None, MS_BIND, None)
+        for volume in volumes:
+            target = _inside(root, volume.target)
+            _mount(str(volume.source), target, None, MS_BIND, None)
             _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, None)
     except BaseException:
         unmount_root(sandbox_dir)

@@ -28,8 +28,8 @@ import subprocess
 from pathlib import Path
 
 from e2bfacade.runtime.base import CreateRefused, RuntimeUnavailable
+from e2bfacade.runtime.local.ids import ID_FIRST_BASE, ID_RANGE, ID_SLOTS, block_base
 from e2bfacade.runtime.local.net.rules import Link
-from e2bfacade.runtime.local.state import ID_FIRST_BASE, ID_RANGE, ID_SLOTS, block_base
 
 AGENT_PORT = 49983  # envd's port in an E2B sandbox
 NETNS_DIR = Path("/run/netns")

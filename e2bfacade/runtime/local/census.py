@@ -1,20 +1,19 @@
-"""What a local runtime holds: each sandbox's state read from its record and its init (is it
-alive, frozen, parked), and the census of them all the reconcile asks for every tick."""
+"""What a host runtime holds: each sandbox's state read from its record and its init (is it
+alive, frozen, parked), and the census of them all the reconcile asks for every tick. Each
+takes the root's layout and cgroups it reads, never the runtime."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from e2bfacade.runtime.base import CRASH_REASON, Census, PauseMode, SandboxState
+from e2bfacade.runtime.local.cgroups import Cgroups
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
-from e2bfacade.runtime.local.state import kill_pending, proc_starttime
+from e2bfacade.runtime.local.state import InitWatch, Layout, kill_pending, proc_starttime
 from e2bfacade.runtime.local.storage import disks
 
-if TYPE_CHECKING:
-    from e2bfacade.runtime.local.driver import LocalRuntime
 
-
-def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) -> LocalSandboxInfo:
+def status_of(
+    layout: Layout, cgroups: Cgroups, record: SandboxRecord, adopted: bool = False
+) -> LocalSandboxInfo:
     """What the sandbox of ``record`` is now: running, paused (frozen, or parked: kept with
     its files only, for a reason or none), or dead."""
     mode, reason = None, None
@@ -22,16 +21,16 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
         state, reason = SandboxState.PAUSED, record.parked.reason
         mode = PauseMode.FULL if record.parked.memory else PauseMode.FILESYSTEM
     elif proc_starttime(record.init_pid) != record.init_start or (
-        rt.cgroups.is_frozen(record.sandbox_id) and kill_pending(record.init_pid)
+        cgroups.is_frozen(record.sandbox_id) and kill_pending(record.init_pid)
     ):
         # Its processes ended without a pause (or, frozen, were killed: they die as soon
         # as a thaw lets them run): its files are kept (a pool sandbox's are no one's),
         # and it is paused until a resume cold-boots it, ending what is left of them.
-        if not record.is_warm and disks.exists(rt.layout.sandbox_dir(record.sandbox_id)):
+        if not record.is_warm and disks.exists(layout.sandbox_dir(record.sandbox_id)):
             state, mode, reason = SandboxState.PAUSED, PauseMode.FILESYSTEM, CRASH_REASON
         else:
             state = SandboxState.DEAD
-    elif rt.cgroups.is_frozen(record.sandbox_id):
+    elif cgroups.is_frozen(record.sandbox_id):
         state, mode = SandboxState.PAUSED, PauseMode.FULL
     else:
         state = SandboxState.RUNNING
@@ -56,19 +55,18 @@ def status_of(rt: LocalRuntime, record: SandboxRecord, adopted: bool = False) ->
     )
 
 
-def census(rt: LocalRuntime) -> Census:
+def census(layout: Layout, init_watch: InitWatch) -> Census:
     """The created sandboxes (no pool sandbox) that are not dead: those whose init
     lives (paused or not) or whose memory is checkpointed, and those ``kept`` with their
-    files only (parked, or their init died and their disk is there) — what :meth:`list`
-    holds that is not dead, for the worker's reconcile, every tick. One directory walk, a
-    stat per sandbox (its record is parsed again only when it changed), one poll of the
-    inits' pidfds (:class:`InitWatch`, kept by this runtime object) and a stat per dead
-    one."""
+    files only (parked, or their init died and their disk is there) — what the runtime's
+    ``list`` holds that is not dead, for the worker's reconcile, every tick. One directory
+    walk, a stat per sandbox (its record is parsed again only when it changed), one poll of
+    the inits' pidfds (``init_watch``, kept by the runtime object) and a stat per dead one."""
     inits: dict[str, tuple[int, int]] = {}
     kept: set[str] = set()
     checkpointed: set[str] = set()
-    for sid in rt.layout.sandbox_ids():
-        record = rt.layout.read_state_cached(sid)
+    for sid in layout.sandbox_ids():
+        record = layout.read_state_cached(sid)
         if record is None or record.is_warm:
             continue
         if record.parked is not None:
@@ -76,18 +74,18 @@ def census(rt: LocalRuntime) -> Census:
             (checkpointed if record.parked.memory else kept).add(sid)
         else:
             inits[sid] = (record.init_pid, record.init_start)
-    alive = rt._init_watch.alive(inits)
-    kept |= {s for s in inits.keys() - alive if disks.exists(rt.layout.sandbox_dir(s))}
+    alive = init_watch.alive(inits)
+    kept |= {s for s in inits.keys() - alive if disks.exists(layout.sandbox_dir(s))}
     return Census(live=frozenset(alive | kept | checkpointed), kept=frozenset(kept))
 
 
-def volume_users(rt: LocalRuntime, volume_id: str) -> set[str]:
+def volume_users(layout: Layout, cgroups: Cgroups, volume_id: str) -> set[str]:
     """The live (running or paused) sandboxes whose record names the volume."""
-    records = map(rt.layout.read_state, rt.layout.sandbox_ids())
+    records = map(layout.read_state, layout.sandbox_ids())
     return {
         r.sandbox_id
         for r in records
         if r is not None
         and any(m.volume_id == volume_id for m in r.volume_mounts)
-        and status_of(rt, r).state is not SandboxState.DEAD
+        and status_of(layout, cgroups, r).state is not SandboxState.DEAD
     }

@@ -1,33 +1,28 @@
-"""The ``local`` driver: real Linux sandboxes on this host. This module is the wiring and the
-lifecycle; the parts are laid out by side and by resource (docs/ARCHITECTURE.md, "The local
-driver"): the launcher (``launcher/``), the guest side (``guest/``), the pools of work done
-ahead (``pools/``), storage (images, layers, disks, trees) and networking.
+"""The host runtime: real Linux sandboxes on this host, the shared layer composed once (the
+root's layout and records, images, disks, volumes, cgroups, network and pools: parts.py)
+with a sandboxer (sandboxer.py), one way of running a sandbox, as its strategy. This module
+is the wiring and the operations' entry (locks, checks); a sandbox's steps are
+lifecycle.py's (docs/ARCHITECTURE.md, "The host runtime and its sandboxers").
 
-Isolation: a user namespace per sandbox with its own host id range, and pid, mount, uts,
-ipc, net and cgroup namespaces; an overlay root over idmapped read-only image layers, its
-writable layer on a disk of its own; cgroup memory, pid and cpu limits; seccomp; a reaping
-PID 1; a veth link and nftables rules when networking is configured.
-
-A sandbox's files outlive its processes: a filesystem-only pause, or processes that died
-under it (a crash, a reboot), leave it paused on its disk (``launch.park``); a resume
-cold-boots it on the same disk, id range, host name and access token (``launch.boot``). The
-steps that start and stop processes are in steps.py, which the gVisor driver replaces.
+A driver names a pairing: :class:`LocalRuntime` is the host runtime with the namespace
+sandboxer (launcher/sandboxer.py), ``GvisorRuntime`` (e2bfacade/runtime/gvisor/driver.py)
+with gVisor's. Neither adds nor replaces a method.
 """
 
 from __future__ import annotations
 
 import builtins
 import ipaddress
-import json
 import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 from e2bfacade.runtime.base import (
     Capability,
     Capacity,
     Census,
+    ConsoleLine,
     CreateRefused,
     ImageBuild,
     ImageInfo,
@@ -45,42 +40,43 @@ from e2bfacade.runtime.base import (
     SandboxState,
     check_id,
 )
-from e2bfacade.runtime.local import build, census, host, metrics, snapshot, sweep
-from e2bfacade.runtime.local.cgroups import Cgroups, detect
+from e2bfacade.runtime.local import build, census, host, metrics, sweep
+from e2bfacade.runtime.local.cgroups import detect
 from e2bfacade.runtime.local.guest.handle import LocalGuest
-from e2bfacade.runtime.local.launcher import launch
-from e2bfacade.runtime.local.launcher.client import Launcher
+from e2bfacade.runtime.local.launcher.sandboxer import NamespaceSandboxer
+from e2bfacade.runtime.local.lifecycle import Lifecycle
 from e2bfacade.runtime.local.net import accounts
 from e2bfacade.runtime.local.net.network import digest_of, open_network
 from e2bfacade.runtime.local.net.rules import NetworkConfig
+from e2bfacade.runtime.local.parts import HostParts
 from e2bfacade.runtime.local.pools.disks import DiskPool
 from e2bfacade.runtime.local.pools.refill import Refill
 from e2bfacade.runtime.local.pools.spares import Spares
 from e2bfacade.runtime.local.pools.warm import WarmPool, is_warm
 from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord, check_spec
+from e2bfacade.runtime.local.sandboxer import HOST_CAPABILITIES, Sandboxer
 from e2bfacade.runtime.local.state import InitWatch, Layout
-from e2bfacade.runtime.local.steps import Steps
-from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore, start_of
+from e2bfacade.runtime.local.storage.image_meta import start_of
+from e2bfacade.runtime.local.storage.images import BASE_IMAGE, ImageStore
 from e2bfacade.runtime.local.storage.volume_files import LocalVolumeFiles
 from e2bfacade.runtime.local.storage.volumes import VolumeStore
+from e2bfacade.runtime.start import load_output
 from e2bfacade.runtime.volumes import VolumeInfo
 
 DEFAULT_SNAPSHOT_MAX_BYTES = 10 << 30
 
 
-class LocalRuntime(Steps):
-    name = "local"
-    capabilities = frozenset(
-        {
-            Capability.PROCESSES,
-            Capability.PTY,
-            Capability.FILES,
-            Capability.DISK_QUOTA,
-            Capability.FILESYSTEM_PAUSE,
-            Capability.REBOOT_ON_RESUME,
-            Capability.VOLUME_MOUNTS,
-        }
-    )
+class HostRuntime:
+    """The host layer with a sandboxer (``sandboxer_class``, set by each driver's class)."""
+
+    sandboxer_class: ClassVar[type[Sandboxer]]
+    sandboxer: Sandboxer
+    name: str
+    capabilities: frozenset[Capability]
+
+    def __init_subclass__(cls) -> None:
+        cls.name = cls.sandboxer_class.name
+        cls.capabilities = HOST_CAPABILITIES | cls.sandboxer_class.capabilities
 
     @classmethod
     def capabilities_for(cls, options: Mapping[str, object]) -> frozenset[Capability]:
@@ -101,9 +97,13 @@ class LocalRuntime(Steps):
         warm: int = 0,
         claim_ids: bool = True,  # False: this runtime takes no host ids (state.Layout)
     ) -> None:
+        """``spares``: launchers parked in their groups (for a sandboxer that uses them) and
+        formatted disks kept ahead, each (0: none); ``warm``: the default pool of started
+        sandboxes of an image with a start command (0: no pool; a sandboxer without pools
+        has none)."""
+        self.sandboxer_class.preflight(root)  # e.g. no runsc: before anything is made
         host.check_supported()
         self.root = root
-        self.snapshot_max_bytes = snapshot_max_bytes
         self.layout = Layout(root, claim_ids=claim_ids)
         self.host_id = host.host_id(root)
         self.version = build.source_hash()  # of the helper binaries: pool sandboxes carry it
@@ -113,34 +113,46 @@ class LocalRuntime(Steps):
         self.volumes = VolumeStore(self.layout)
         # A group per runtime root, so a test runtime never touches another one's sandboxes.
         digest = digest_of(root)
-        self.cgroups: Cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
+        self.cgroups = detect(f"e2bfacade-{digest}", cgroup_version)
         self._capacity = host.capacity(root, host_reserve_mb)
         self.cgroups.set_total(
             memory_bytes=self._capacity.memory_mb << 20, pids_max=self._capacity.pids
         )
-        self.launcher = Launcher(lambda: build.ensure_daemon(root), self.cgroups)
-        # Work a create would otherwise wait for, done ahead in the background (pools/):
-        # launchers already in their groups and formatted disks, ``spares`` of each (0:
-        # none), and started sandboxes of a template's shape (``warm``: the default pool of
-        # an image with a start command; 0: no pool at all).
+        kind = self.sandboxer_class
+        # Work a create would otherwise wait for, done ahead in the background (pools/).
         self.spares = Spares(
-            self.layout, self.cgroups, lambda: build.ensure_daemon(root), spares, self.version
-        )
+            self.layout, self.cgroups, lambda: build.ensure_daemon(root),
+            spares if kind.spare_launchers else 0, self.version,
+        )  # fmt: skip
         self.disk_pool = DiskPool(self.layout, spares)
         self.refill = Refill(self.spares, self.disk_pool)
-        self.warm = WarmPool(self, warm)
         # Networking (net/network.py): given, or as the root was last configured; none:
         # sandboxes have their own loopback only.
         self.network = open_network(self.layout, network, digest)
         if self.network is not None:
             self.capabilities = self.capabilities_for({"network": self.network.config})
+        self.parts = HostParts(
+            root, self.layout, self.images, self.volumes, self.cgroups, self.network,
+            self.spares, self.disk_pool, self.refill, self.version, snapshot_max_bytes,
+        )  # fmt: skip
+        self.sandboxer = kind(self.parts)
+        self.lifecycle = Lifecycle(self.parts, self.sandboxer)
+        self.warm = WarmPool(
+            self.parts, warm if kind.warm_pool else 0, create=self.create,
+            destroy=self.destroy, status=self.lifecycle.info, now=self.now,
+        )  # fmt: skip
         # Into a sandbox's ports only through the data plane: no other host account.
         accounts.install(digest, self.guest_ranges())
 
     def guest_ranges(self) -> builtins.list[ipaddress.IPv4Network]:
         """Every range this root's sandboxes' guest sides take their host-reachable
-        addresses from: its network's, when configured (else they have none)."""
-        return [self.network.net] if self.network is not None else []
+        addresses from: its network's, when configured, and its sandboxer's."""
+        network = [self.network.net] if self.network is not None else []
+        return [*network, *self.sandboxer.guest_ranges()]
+
+    def disk_id_base(self, id_base: int) -> int:
+        """The host id a sandbox's disk stores for guest id 0 (Sandboxer.disk_owner)."""
+        return self.sandboxer.disk_owner(id_base)
 
     # ----------------------------------------------------------------------------- images
     def image_info(self, image_id: str) -> ImageInfo:
@@ -154,7 +166,7 @@ class LocalRuntime(Steps):
 
     def squash_image(self, image_id: str, new_id: str) -> ImageInfo:
         check_id(new_id, "image id")
-        return self.images.squash(image_id, new_id, max_bytes=self.snapshot_max_bytes)
+        return self.images.squash(image_id, new_id, max_bytes=self.parts.snapshot_max_bytes)
 
     def ensure_base_image(self) -> ImageInfo:
         return self.images.ensure_base()
@@ -193,7 +205,7 @@ class LocalRuntime(Steps):
         return self.volumes.delete(volume_id, self.volume_users)
 
     def volume_users(self, volume_id: str) -> set[str]:
-        return census.volume_users(self, volume_id)
+        return census.volume_users(self.layout, self.cgroups, volume_id)
 
     def volume_ids(self, *, made_before: float | None = None) -> set[str]:
         return self.volumes.ids(made_before=made_before)
@@ -206,36 +218,14 @@ class LocalRuntime(Steps):
     def now() -> float:
         return time.time()
 
-    def record_at(self, sandbox_dir: Path) -> SandboxRecord | None:
-        """The record in ``sandbox_dir``, whatever sandbox it names (a pool claim)."""
-        try:
-            return SandboxRecord.from_json(json.loads((sandbox_dir / "state.json").read_text()))
-        except FileNotFoundError:
-            return None
-
     def info(self, record: SandboxRecord, adopted: bool = False) -> LocalSandboxInfo:
-        return census.status_of(self, record, adopted)
+        return self.lifecycle.info(record, adopted)
 
     def census(self) -> Census:
-        return census.census(self)
-
-    def _record(self, sandbox_id: str) -> SandboxRecord:
-        record = self.layout.read_state(sandbox_id)
-        if record is None:
-            raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
-        return record
-
-    def _require(
-        self, sandbox_id: str, *allowed: SandboxState
-    ) -> tuple[SandboxRecord, LocalSandboxInfo]:
-        record = self._record(sandbox_id)
-        info = self.info(record)
-        if info.state not in allowed:
-            raise RuntimeConflict(f"sandbox {sandbox_id} is {info.state}")
-        return record, info
+        return census.census(self.layout, self._init_watch)
 
     def status(self, sandbox_id: str) -> LocalSandboxInfo:
-        return self.info(self._record(sandbox_id))
+        return self.lifecycle.require(sandbox_id, *SandboxState)[1]
 
     def list(self) -> builtins.list[SandboxInfo]:
         out: builtins.list[SandboxInfo] = []
@@ -249,11 +239,14 @@ class LocalRuntime(Steps):
         return set(self.census().live)
 
     def guest(self, sandbox_id: str) -> LocalGuest:
-        """The running sandbox's guest side (guest/handle.py), resolved once: one read of
-        its record (init identity, id base, default user, env vars) and of its state."""
-        record, info = self._require(sandbox_id, SandboxState.RUNNING)
-        agent = self.layout.sandbox_dir(sandbox_id) / "agent.sock"
-        return LocalGuest(record, info, agent, lambda: self.cgroups.is_frozen(sandbox_id))
+        return self.lifecycle.guest(sandbox_id)
+
+    def start_output(self, sandbox_id: str) -> builtins.list[ConsoleLine]:
+        """What the start and ready commands wrote in the sandbox's latest boot, kept by
+        Lifecycle.run_start (Runtime.start_output)."""
+        if not (d := self.layout.sandbox_dir(sandbox_id)).is_dir():
+            raise SandboxNotFound(f"sandbox {sandbox_id} does not exist")
+        return load_output(d)
 
     # ------------------------------------------------------------------------ lifecycle
     def create(self, spec: SandboxSpec) -> LocalSandboxInfo:
@@ -267,7 +260,7 @@ class LocalRuntime(Steps):
         check_spec(spec, self._capacity, self.network is not None)
         with self.layout.locked("sandbox", spec.sandbox_id):
             record = self.layout.read_state(spec.sandbox_id)
-            if record is not None and (adopted := launch.adopt(self, record, spec)) is not None:
+            if record is not None and (adopted := self.lifecycle.adopt(record, spec)) is not None:
                 return adopted
             # Dead, or half-made by a creator that crashed before writing its record (we
             # hold the id's lock, so no creator is running): nobody was ever handed this
@@ -290,9 +283,10 @@ class LocalRuntime(Steps):
                 if pooled and (claimed := self.warm.claim(spec, start)) is not None:
                     self.warm.keep(spec)  # its replacement
                     return claimed
-                info = launch.prepare(self, spec, chain)
-                if start is not None and not self.restores_processes(chain):
-                    self.run_start(spec.sandbox_id, start)
+                warm_key = self.warm.key(spec) if is_warm(spec.sandbox_id) else None
+                info = self.lifecycle.make(spec, chain, warm_key)
+                if start is not None and not chain[0].memory:  # a memory image runs its own
+                    self.lifecycle.run_start(spec.sandbox_id, start)
                 if pooled:
                     self.warm.keep(spec)
                 return info
@@ -309,47 +303,43 @@ class LocalRuntime(Steps):
                 self.refill.after_create(spec.disk_mb)
 
     def pause(self, sandbox_id: str, *, memory: bool = True) -> None:
-        """With ``memory``, freeze every process of the sandbox (memory stays as it is);
-        without, end them and keep its files (:meth:`park`). Not idempotent by design:
-        pausing a paused sandbox raises RuntimeConflict (E2B answers 409)."""
+        """With ``memory``, stop every process of the sandbox where it is; without, end them
+        and keep its files (Lifecycle.pause_memory, Lifecycle.park). Not idempotent by
+        design: pausing a paused sandbox raises RuntimeConflict (E2B answers 409)."""
         with self.layout.locked("sandbox", sandbox_id):
-            record, _ = self._require(sandbox_id, SandboxState.RUNNING)
+            record, _ = self.lifecycle.require(sandbox_id, SandboxState.RUNNING)
             if not memory:
-                self.park(record, None)
+                self.lifecycle.park(record, None)
                 return
-            self.pause_memory(record)
+            self.lifecycle.pause_memory(record)
 
     def resume(self, sandbox_id: str, *, memory: bool = True) -> None:
-        """Thaw a frozen sandbox, or cold-boot one that kept only its files (and, without
-        ``memory``, a frozen one too, whose processes are ended first)."""
+        """Continue a sandbox paused with its memory, or cold-boot one that kept only its
+        files (and, without ``memory``, one paused with it too, whose memory goes first)."""
         with self.layout.locked("sandbox", sandbox_id):
-            record, info = self._require(sandbox_id, SandboxState.PAUSED)
+            record, info = self.lifecycle.require(sandbox_id, SandboxState.PAUSED)
             if info.pause_mode is PauseMode.FULL and memory:
-                self.resume_memory(record)
+                self.lifecycle.resume_memory(record)
                 return
             if info.pause_mode is PauseMode.FULL:
-                record = self.park(record, None)
-            self.boot(record)
+                record = self.lifecycle.park(record, None)
+            self.lifecycle.boot(record)
         self.refill.after_create()
 
     def update_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
-        """Replace the sandbox's egress rules, in one step: connections already open stay
-        open (as E2B), new ones follow the new rules. A parked sandbox's are applied when
-        it boots."""
+        """Replace the sandbox's egress rules, live (Lifecycle.update_network)."""
         check_id(sandbox_id, "sandbox id")
         with self.layout.locked("sandbox", sandbox_id):
-            record, info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
-            slot = self.layout.slot_of(sandbox_id)
-            if self.network is None or slot is None or record.network is None:
-                raise RuntimeConflict(f"sandbox {sandbox_id} has no network to update")
-            if info.pause_mode is not PauseMode.FILESYSTEM:
-                self.network.apply(slot, sandbox_id, policy)
-            record.replace(network=policy).save(self.layout.sandbox_dir(sandbox_id))
+            self.lifecycle.update_network(sandbox_id, policy)
 
     def snapshot(self, sandbox_id: str, image_id: str, *, memory: bool = False) -> ImageInfo:
-        if memory:  # the API refuses it first (Capability.MEMORY_SNAPSHOTS)
-            raise RuntimeConflict("the local driver's snapshots capture files only")
-        return snapshot.capture(self, sandbox_id, image_id)
+        """Capture the sandbox's files as image ``image_id``, idempotent by that id; with
+        ``memory`` (MEMORY_SNAPSHOTS), its processes too (Lifecycle.snapshot)."""
+        if memory and Capability.MEMORY_SNAPSHOTS not in self.capabilities:
+            raise RuntimeConflict(f"the {self.name} driver's snapshots capture files only")
+        check_id(image_id, "image id")
+        with self.layout.locked("sandbox", sandbox_id):
+            return self.lifecycle.snapshot(sandbox_id, image_id, memory=memory)
 
     def kill(self, sandbox_id: str) -> bool:
         """Kill the sandbox and delete its files. Missing is fine: returns False."""
@@ -358,12 +348,11 @@ class LocalRuntime(Steps):
             return self.destroy(sandbox_id)
 
     def destroy(self, sandbox_id: str) -> bool:
-        """Kill the sandbox and remove everything of it (:func:`.launcher.launch.destroy`).
-        Caller holds the id's lock. Returns whether anything existed."""
-        return launch.destroy(self, sandbox_id)
+        """Kill the sandbox and remove everything of it. Caller holds the id's lock."""
+        return self.lifecycle.destroy(sandbox_id)
 
     def metrics(self, sandbox_id: str) -> Metrics:
-        _, info = self._require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
+        _, info = self.lifecycle.require(sandbox_id, SandboxState.RUNNING, SandboxState.PAUSED)
         return metrics.sample(self.cgroups, self.layout.sandbox_dir(sandbox_id), info)
 
     def limit_events(self, sandbox_id: str) -> LimitEvents:
@@ -373,7 +362,10 @@ class LocalRuntime(Steps):
         return self._capacity
 
     def sweep(self, seen_live: Collection[str] = ()) -> builtins.list[str]:
-        return sweep.sweep(self, seen_live)
+        """The host's sweep (sweep.py), then what the sandboxer holds of sandboxes gone."""
+        reaped = sweep.sweep(self.parts, seen_live, park=self.lifecycle.park, destroy=self.destroy)
+        self.sandboxer.sweep(seen_live)
+        return reaped
 
     # -------------------------------------------------------------------------- pools
     def keep_warm(self, spec: SandboxSpec) -> None:
@@ -395,6 +387,13 @@ class LocalRuntime(Steps):
         self.volumes.release()
 
 
-def _conforms(runtime: LocalRuntime) -> Runtime:
-    """Never called: mypy checks here that LocalRuntime implements the whole interface."""
+class LocalRuntime(HostRuntime):
+    """``SANDBOX_RUNTIME=local``: the host runtime with the namespace sandboxer."""
+
+    sandboxer_class = NamespaceSandboxer
+    sandboxer: NamespaceSandboxer  # as built from sandboxer_class
+
+
+def _conforms(runtime: HostRuntime) -> Runtime:
+    """Never called: mypy checks here that the host runtime implements the interface."""
     return runtime

@@ -13,7 +13,7 @@ from e2bfacade.runtime.base import Capacity, RuntimeUnavailable
 
 
 def check_supported() -> None:
-    """RuntimeUnavailable unless this process and kernel can run the local driver."""
+    """RuntimeUnavailable unless this process and kernel can run the host runtime."""
     if os.geteuid() != 0:
         raise RuntimeUnavailable(
             "the local sandbox runtime needs root (it creates namespaces, overlay mounts "

@@ -1,7 +1,7 @@
 """A local sandbox's record: ``sandboxes/<id>/state.json``, typed.
 
 The record is written last when a sandbox is made (its presence means "created") and
-replaced whole, atomically, at every change (state.write_json). It holds what a sandbox
+replaced whole, atomically, at every change (atomic.write_json). It holds what a sandbox
 was created with — enough to start it again on its disk (a cold boot) — and who its init
 is now (pid and kernel start time; 0 while it has no processes).
 """
@@ -9,6 +9,7 @@ is now (pid and kernel start time; 0 while it has no processes).
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 import re
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from e2bfacade.runtime.base import (
     UpstreamProxy,
     check_id,
 )
+from e2bfacade.runtime.local.atomic import write_json
 from e2bfacade.runtime.volumes import MAX_MOUNTS_PER_SANDBOX, VolumeMount
 
 DEFAULT_DISK_MB: int = SandboxSpec("-", "-").disk_mb
@@ -109,7 +111,6 @@ class SandboxRecord:
 
     def save(self, sandbox_dir: Path) -> None:
         """Replace the record, atomically: the commit point of every change."""
-        from e2bfacade.runtime.local.state import write_json  # state reads records
 
         write_json(sandbox_dir / FILE, self.to_json())
 
@@ -150,6 +151,15 @@ class SandboxRecord:
                 "at": self.parked.at,
             }
         return data
+
+    @classmethod
+    def load(cls, sandbox_dir: Path) -> SandboxRecord | None:
+        """The record in ``sandbox_dir``, whatever sandbox it names (a pool claim); None when
+        there is none."""
+        try:
+            return cls.from_json(json.loads((sandbox_dir / FILE).read_text()))
+        except FileNotFoundError:
+            return None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SandboxRecord:

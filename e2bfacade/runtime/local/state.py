@@ -1,4 +1,4 @@
-"""The local driver's on-disk state: where things live under ``SANDBOX_ROOT``, per-id locks,
+"""The host runtime's on-disk state: where things live under ``SANDBOX_ROOT``, per-id locks,
 and the few facts about host processes the driver keeps (an init is identified by its pid
 *and* its kernel start time, so a recycled pid is never mistaken for a live sandbox).
 
@@ -33,27 +33,19 @@ import weakref
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from e2bfacade.runtime.base import RuntimeUnavailable, check_id
+from e2bfacade.runtime.local.ids import (
+    BLOCK_LOCK,
+    ID_RANGE,
+    ID_SLOTS,
+    block_base,
+    recorded_block,
+)
+from e2bfacade.runtime.local.net import roots
 from e2bfacade.runtime.local.record import SandboxRecord
 
 LOCK_STRIPES = 256
-# Each live sandbox owns a range of host ids for its user namespace: guest id N is host id
-# base + N. Ranges start above any account a host makes (subordinate ids conventionally
-# start at 100000; we start at 2^20) and never overlap: 4096 ranges of 65536 ids.
-ID_RANGE = 65536
-ID_FIRST_BASE = 1 << 20
-ID_SLOTS = 4096
-# ... within the root's *block*: every runtime root of a host has its own 4096 ranges,
-# disjoint from every other root's (two roots' sandboxes never run as one host uid), held
-# in the host's registry (roots.py) and recorded in the root (ids/block.json) for its
-# life. Block k starts at ID_FIRST_BASE + k * ID_BLOCK; block 0 is what every root used
-# before roots had blocks. uid_t is 32 bits and (uid_t)-1 is no id: 15 blocks fit.
-ID_BLOCK = ID_SLOTS * ID_RANGE
-ID_BLOCKS = ((1 << 32) - 1 - ID_FIRST_BASE) // ID_BLOCK
-BLOCK_RECORD = Path("ids", "block.json")
-BLOCK_LOCK = Path("locks", "ids-block.lock")  # held shared by every process using the root
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -92,64 +84,6 @@ def kill_pending(pid: int) -> bool:
     return False
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` atomically: a reader sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def block_base(block: int) -> int:
-    """The host id of guest id 0 in slot 0 of the block ``block``."""
-    return ID_FIRST_BASE + block * ID_BLOCK
-
-
-def recorded_block(root: Path) -> int | None:
-    """The block of host ids the root ``root`` records as its own; None when it records
-    none (a new root, or one made before roots had blocks). Raises ValueError when the
-    record is not a block's."""
-    try:
-        data = json.loads((root / BLOCK_RECORD).read_text())
-    except FileNotFoundError:
-        return None
-    block = data.get("block") if isinstance(data, dict) else None
-    if not isinstance(block, int) or not 0 <= block < ID_BLOCKS:
-        raise ValueError(f"{root / BLOCK_RECORD} names no block of host ids: {data!r}")
-    return block
-
-
-def record_block(root: Path, block: int) -> None:
-    first = block_base(block)
-    write_json(root / BLOCK_RECORD, {"block": block, "first_id": first, "ids": ID_BLOCK})
-
-
-def holds_sandboxes(root: Path) -> bool:
-    """Whether anything of ``root`` runs as, or is owned by, its block's ids: a held slot
-    (ids/<slot>: a sandbox, live or being made) or a sandbox's directory (its files)."""
-    try:
-        if any(name.isdigit() for name in os.listdir(root / "ids")):
-            return True
-        with os.scandir(root / "sandboxes") as entries:
-            return any(True for _ in entries)
-    except FileNotFoundError:
-        return False
-
-
-def block_in_use(root: Path) -> bool:
-    """Whether a process has a :class:`Layout` of ``root`` open (holds its block lock)."""
-    try:
-        fd = os.open(root / BLOCK_LOCK, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # and with it the probe's lock
-    return False
-
-
 class Layout:
     """Paths and locks under one ``SANDBOX_ROOT``. Opening it claims the root's block of
     host ids in the host's registry (roots.py), and holds it while the object lives;
@@ -182,9 +116,6 @@ class Layout:
         return block_base(self.id_block)
 
     def _claim_block(self) -> int:
-        # roots.py, the host's registry, uses this module's helpers: imported when used.
-        from e2bfacade.runtime.local.net import roots
-
         fd = os.open(self.root / BLOCK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             with roots.locked(roots.ID_REGISTRY):
@@ -225,7 +156,7 @@ class Layout:
         return SandboxRecord.from_json(data)
 
     def read_state_cached(self, sandbox_id: str) -> SandboxRecord | None:
-        """:meth:`read_state` for the census (the sweep, :meth:`LocalRuntime.census`),
+        """:meth:`read_state` for the census (the sweep, the host runtime's ``census``),
         parsed again only when the file changed (a record is only ever replaced, so a new
         file is a new inode)."""
         path = f"{self._sandboxes}/{sandbox_id}/state.json"  # a str: no Path per call

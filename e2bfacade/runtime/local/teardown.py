@@ -38,10 +38,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2bfacade.runtime import registry
 from e2bfacade.runtime.base import RuntimeUnavailable, SandboxInfo, SandboxState
 from e2bfacade.runtime.local import lxcfs
 from e2bfacade.runtime.local.cgroups import Cgroups, CgroupsV1, CgroupsV2
-from e2bfacade.runtime.local.driver import LocalRuntime
+from e2bfacade.runtime.local.driver import HostRuntime
 from e2bfacade.runtime.local.net import accounts, network, roots
 from e2bfacade.runtime.local.net.network import digest_of
 from e2bfacade.runtime.local.storage import disks, trees
@@ -119,19 +120,19 @@ def teardown_root(root: Path, *, kill: bool) -> Report:
     return report
 
 
-def _adopt(root: Path) -> LocalRuntime:
-    """The root's runtime: the gvisor driver's for a root it made (runsc's state is there),
-    so that its sandboxes end through runsc; the local driver's otherwise, or where runsc
-    is gone (their processes still end with their groups)."""
-    if (root / "runsc").is_dir():
-        from e2bfacade.runtime.gvisor.driver import GvisorRuntime
-
+def _adopt(root: Path) -> HostRuntime:
+    """The root's runtime, by the driver that made it (registry.drivers_for_root: gVisor's
+    for a root where runsc keeps its state, so that its sandboxes end through runsc), or,
+    where that one cannot run any more, the fallback's (their processes still end with
+    their groups)."""
+    *made, fallback = registry.drivers_for_root(root)
+    for name in made:
         with contextlib.suppress(RuntimeUnavailable):
-            return GvisorRuntime(root, claim_ids=False)
-    return LocalRuntime(root, claim_ids=False)
+            return registry.host_driver_class(name)(root, claim_ids=False)
+    return registry.host_driver_class(fallback)(root, claim_ids=False)
 
 
-def _keep_disk(runtime: LocalRuntime, sandbox_id: str) -> Path | None:
+def _keep_disk(runtime: HostRuntime, sandbox_id: str) -> Path | None:
     """End the sandbox's processes, if any, and move its disk image to ``kept/``."""
     d = runtime.layout.sandbox_dir(sandbox_id)
     with runtime.layout.locked("sandbox", sandbox_id):

@@ -26,9 +26,9 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 from django.utils import timezone
 
-from e2bfacade.sandbox_runtime import get_runtime
 from e2bfacade.throttling import purge_windows
 from idempotency import maintenance as idempotency
+from nodes.selectors import local_node
 from sandboxes import logs, usage, worker
 from sandboxes.models import Sandbox
 from sandboxes.volumes.services import volume_sweep
@@ -94,7 +94,7 @@ class Command(BaseCommand):
             if adopted := worker.sandbox_adopt_hostless():
                 logger.info("%d sandboxes made before hosts were recorded are this host's", adopted)
             self.adopted = True
-        host = get_runtime().host_id
+        host = local_node().host_id
         expired = Sandbox.objects.expired(now).on_host(host).values_list("pk", flat=True)
         for sandbox_id in list(expired[:200]):
             action = worker.sandbox_expire(sandbox_id=sandbox_id)

@@ -8,7 +8,8 @@
 - the data plane (envd's API for every sandbox, and its ports): uvicorn with
   ``--sandbox-workers`` workers on ``--sandbox-bind`` (default: the API's port + 1) — the
   SDK's ``E2B_SANDBOX_URL``, or the target of a front proxy for ``*.<SANDBOX_DOMAIN>``;
-- the lifecycle worker (``run_worker``).
+- the lifecycle worker (``run_worker``);
+- in a fleet (``ETCD_ENDPOINTS``), the host's membership (``run_member``).
 
 The database and ``SANDBOX_ROOT`` come from the environment, as for every command. SIGTERM
 or SIGINT stops them all (each finishes what it is doing; a second signal, or
@@ -47,7 +48,7 @@ from django.core.management.base import BaseCommand, CommandError
 from e2bfacade import front as fronts
 from e2bfacade import supervision
 from e2bfacade.runtime.base import SandboxRuntimeError
-from e2bfacade.sandbox_runtime import get_runtime
+from nodes.selectors import local_runtime
 
 # How long a stop waits for the children before killing them: above gunicorn's
 # graceful_timeout (gunicorn.conf.py), the longest any of them takes to finish its work.
@@ -228,6 +229,9 @@ class Command(BaseCommand):
             )  # fmt: skip
             if not options["no_worker"]:
                 children["worker"] = popen([python, "manage.py", "run_worker"])
+            if settings.ETCD_ENDPOINTS:
+                # This host's membership of the fleet, and the fence the others read.
+                children["member"] = popen([python, "manage.py", "run_member"])
             if settings.SANDBOX_NETWORK is not None:
                 # Domain names in allowOut and transform rules (run_egress.py).
                 children["egress"] = popen(
@@ -283,6 +287,6 @@ class Command(BaseCommand):
         devices) now that no process of the service can take one; every sandbox stays. A
         service SIGKILLed leaves them, and the next one's pools take them over."""
         try:
-            get_runtime().discard_spares()
+            local_runtime().discard_spares()
         except SandboxRuntimeError as exc:  # a host that cannot run sandboxes has none
             self.stderr.write(f"[serve] the runtime's spares were not discarded: {exc}")

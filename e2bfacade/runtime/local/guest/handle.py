@@ -1,7 +1,7 @@
-"""One running local sandbox's guest side (:class:`e2bfacade.runtime.guest.Guest`),
-resolved once: its record read, its init checked alive and not frozen, then every call
-goes straight to its agent (processes, watchers), its root (files) or its network
-namespace (ports)."""
+"""One running sandbox's guest side (:class:`e2bfacade.runtime.guest.Guest`) on the host
+runtime, resolved once: its record read, its init checked alive and not frozen, then every
+call goes straight to its agent (processes, watchers), its root (files) or its ports, as
+its sandboxer's reach (reach.py) says they are reached."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import errno
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from pathlib import PurePosixPath
 
 from e2bfacade.runtime.base import (
     CreateRefused,
     EntryInfo,
     FileType,
+    FsChange,
     GuestFileError,
     ProcessInfo,
     ProcessNotFound,
@@ -26,8 +27,7 @@ from e2bfacade.runtime.base import (
 )
 from e2bfacade.runtime.local.guest.accounts import lookup_user
 from e2bfacade.runtime.local.guest.files import GuestFiles, KernelFile
-from e2bfacade.runtime.local.guest.syscalls import open_guest_root
-from e2bfacade.runtime.local.net import netns
+from e2bfacade.runtime.local.guest.reach import GuestReach, runs
 from e2bfacade.runtime.local.processes import (
     Agent,
     AgentProcess,
@@ -37,7 +37,6 @@ from e2bfacade.runtime.local.processes import (
     start_items,
 )
 from e2bfacade.runtime.local.record import SandboxRecord
-from e2bfacade.runtime.local.state import proc_starttime
 
 
 class LocalGuest:
@@ -45,22 +44,21 @@ class LocalGuest:
         self,
         record: SandboxRecord,
         info: SandboxInfo,
-        agent_socket: Path,
+        reach: GuestReach,
         frozen: Callable[[], bool],
     ) -> None:
         self.record = record
         self.info = info  # as the data plane checks a caller against it (tokens, user)
         self.sandbox_id = record.sandbox_id
-        self._agent = Agent(agent_socket)
+        self._reach = reach
+        self._agent = Agent(reach.agent)
         self._frozen = frozen
-        self.id_base = record.id_base  # the host id of guest id 0 (its user namespace's map)
+        self.id_base = reach.id_base  # the host id of guest id 0 in its files
 
     def running(self) -> bool:
-        # As census.status_of decides it, for this init only: its pid still names it (a
-        # read of /proc/<pid>/stat), and its cgroup is not frozen (a read of the freezer's
-        # file). A filesystem pause or a kill ends the init; a memory pause freezes it.
-        r = self.record
-        return proc_starttime(r.init_pid) == r.init_start and not self._frozen()
+        # As census.status_of decides it, for this init only (a filesystem pause or a kill
+        # ends the init; a memory pause freezes or checkpoints it).
+        return runs(self.record, self._frozen)
 
     # ---------------------------------------------------------------------- processes
     def start_process(self, spec: ProcessSpec) -> AgentProcess:
@@ -140,14 +138,12 @@ class LocalGuest:
 
     # -------------------------------------------------------------------------- ports
     def connect_port(self, port: int, *, timeout: float = 5.0) -> socket.socket:
-        if not 0 < port < 65536:
-            raise GuestFileError(errno.EINVAL, f"port {port} is not a TCP port")
-        return netns.connect(self.record.init_pid, self.record.init_start, port, timeout)
+        return self._reach.connect_port(port, timeout)
 
     # -------------------------------------------------------------------------- files
     def open_root(self) -> int:
-        """An O_PATH descriptor of the guest's root, as its init sees it."""
-        return open_guest_root(self.record.init_pid, self.record.init_start)
+        """An O_PATH descriptor of the guest's root (its reach's)."""
+        return self._reach.open_root()
 
     def _files(self, user: str | None) -> GuestFiles:
         r = self.record
@@ -162,16 +158,35 @@ class LocalGuest:
             return files.list_dir(path, depth)
 
     def make_dir(self, path: str, *, user: str | None = None) -> bool:
+        if not self._reach.tells_watchers:
+            with self._files(user) as files:
+                return files.make_dir(path)
+        where, _ = self._where(path, user)
+        missing: list[str] = []  # the directories this makes, outermost first
+        parent = PurePosixPath(where)
+        while str(parent) != "/" and not self._where(str(parent), user)[1]:
+            missing.insert(0, str(parent))
+            parent = parent.parent
         with self._files(user) as files:
-            return files.make_dir(path)
+            made = files.make_dir(path)
+        self._tell(*((FsChange.CREATE, d, True) for d in missing))
+        return made
 
     def move(self, source: str, destination: str, *, user: str | None = None) -> EntryInfo:
+        src = self._where(source, user)[0] if self._reach.tells_watchers else ""
         with self._files(user) as files:
-            return files.move(source, destination)
+            entry = files.move(source, destination)
+        if self._reach.tells_watchers:
+            is_dir = entry.type is FileType.DIRECTORY
+            self._tell((FsChange.RENAME, src, is_dir), (FsChange.CREATE, entry.path, is_dir))
+        return entry
 
     def remove(self, path: str, *, user: str | None = None) -> None:
+        where, existed = self._where(path, user) if self._reach.tells_watchers else ("", False)
         with self._files(user) as files:
             files.remove(path)
+        if existed:
+            self._tell((FsChange.REMOVE, where, False))
 
     def read_file(
         self, path: str, *, user: str | None = None, chunk_size: int = 65536
@@ -194,8 +209,37 @@ class LocalGuest:
         user: str | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> EntryInfo:
+        if not self._reach.tells_watchers:
+            with self._files(user) as files:
+                return files.write(path, chunks, metadata)
+        where, existed = self._where(path, user)
         with self._files(user) as files:
-            return files.write(path, chunks, metadata)
+            entry = files.write(path, chunks, metadata)
+        # What inotify reports for the same write made inside (guest/files.py: the content,
+        # then its mode, then the content again over an existing file).
+        first = FsChange.WRITE if existed else FsChange.CREATE
+        self._tell(*((change, where, False) for change in (first, FsChange.CHMOD, FsChange.WRITE)))
+        return entry
+
+    # ------------------------------------------- file operations told to watchers (reach)
+    def _tell(self, *changes: tuple[FsChange, str, bool]) -> None:
+        """Tell the guest's watchers (best effort: a guest that stopped its agent loses
+        only its own events)."""
+        for change, path, is_dir in changes:
+            try:
+                self._agent.notify(change, path, is_dir=is_dir)
+            except (GuestFileError, OSError):
+                return
+
+    def _where(self, path: str, user: str | None) -> tuple[str, bool]:
+        """The guest path of ``path`` for ``user``, and whether something is there."""
+        with self._files(user) as files:
+            where = files.path(path)
+            try:
+                files.stat(where)
+            except GuestFileError:
+                return where, False
+            return where, True
 
 
 def _watcher_number(watcher_id: str) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from e2bfacade.runtime.local.storage import disks
 
@@ -40,20 +39,18 @@ def resolv_conf(sandbox_dir: Path, owner: int, servers: Sequence[str]) -> None:
 def trust(
     sandbox_dir: Path,
     owner: int,
-    chain: Sequence[dict[str, Any]],
-    layer_root: Any,
+    layers: Sequence[Path],
     egress_ca: Path,
     extra: str | None,
 ) -> None:
-    """The image's CA bundle (from the top layer that has one), and certifi's if the
-    image has one, plus the egress proxy's CA and the extra CAs; the egress CA alone in a
-    file of its own (``NODE_EXTRA_CA_CERTS``)."""
+    """The image's CA bundle (from the top layer of ``layers``, top first, that has one),
+    and certifi's if the image has one, plus the egress proxy's CA and the extra CAs; the
+    egress CA alone in a file of its own (``NODE_EXTRA_CA_CERTS``)."""
     added = egress_ca.read_bytes() + (b"\n" + Path(extra).read_bytes() if extra else b"")
     _write(sandbox_dir, owner, EGRESS_CA, egress_ca.read_bytes())
     for pattern in (CA_BUNDLE, *CERTIFI_BUNDLES):
         found: list[tuple[Path, Path]] = []  # (layer root, bundle) of the top layer with any
-        for meta in chain:  # the top layer first
-            root = layer_root(meta["id"])
+        for root in layers:  # the top layer first
             found = [(root, p) for p in sorted(root.glob(pattern)) if _plain(p)]
             if found:
                 break

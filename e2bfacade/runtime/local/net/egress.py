@@ -74,7 +74,7 @@ from e2bfacade.runtime.local.net import socks
 from e2bfacade.runtime.local.net.hostaddrs import HostAddresses
 from e2bfacade.runtime.local.net.network import SandboxNetwork, digest_of, load_config
 from e2bfacade.runtime.local.net.rules import PROXY_PORTS, NetworkConfig
-from e2bfacade.runtime.local.net.tls import Authority, TlsServer, upstream_context
+from e2bfacade.runtime.local.net.tls import Authority, TlsStream, upstream_context
 from e2bfacade.runtime.local.net.transform import (
     BadRequest,
     Masker,
@@ -96,6 +96,14 @@ IDLE_FLUSH = 0.05  # seconds a masked stream may pause before what it holds back
 
 # (sandbox id, placeholder kind, name) -> the value, or None: unknown, revoked, not allowed.
 Resolver = Callable[[str, str, str], "str | None"]
+
+
+def nodelay(sock: Any) -> None:
+    """Nagle's algorithm off, as asyncio does only for sockets made with an explicit
+    ``IPPROTO_TCP`` (the proxy's are not): a relayed answer that comes in two pieces (a
+    head, then a body; a stream) had its second wait for the peer's delayed ACK, ~40 ms."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def matches(name: str, domains: list[str]) -> bool:
@@ -168,6 +176,8 @@ class EgressProxy:
     def _socket(self, kind: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, kind)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.net.mark)
+        if kind == socket.SOCK_STREAM:
+            nodelay(s)
         return s
 
     def _is_blocked(self, address: str) -> bool:
@@ -221,6 +231,7 @@ class EgressProxy:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
+        nodelay(writer.get_extra_info("socket"))
         try:
             guest = writer.get_extra_info("peername")[0]
             slot = self.net.slot_of_guest(guest)
@@ -341,20 +352,18 @@ class EgressProxy:
         for ``name``; then the requests are rewritten and the answers masked."""
         guest_in: Any = reader
         guest_out: Any = writer
-        if port == 443:
-            up_reader, upstream = await asyncio.wait_for(
-                asyncio.open_connection(
-                    sock=out, limit=COPY, ssl=self.upstream_tls, server_hostname=name
-                ),
-                CONNECT_SECONDS,
-            )
-            tls = TlsServer(reader, writer, self.authority.context(name), head)
-            await asyncio.wait_for(tls.handshake(), HEAD_SECONDS)
-            guest_in = guest_out = tls
-            head = b""
-        else:
-            up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
+        up_reader: Any
+        upstream: Any
+        up_reader, upstream = await asyncio.open_connection(sock=out, limit=COPY)
         try:
+            if port == 443:
+                up_tls = TlsStream(up_reader, upstream, self.upstream_tls, server_hostname=name)
+                await asyncio.wait_for(up_tls.handshake(), CONNECT_SECONDS)
+                up_reader = upstream = up_tls
+                tls = TlsStream(reader, writer, self.authority.context(name), first=head)
+                await asyncio.wait_for(tls.handshake(), HEAD_SECONDS)
+                guest_in = guest_out = tls
+                head = b""
             masker = Masker()
             sandbox = str(record.get("sandbox_id") or "")
             await asyncio.gather(
@@ -368,7 +377,7 @@ class EgressProxy:
     async def _transform(
         self,
         reader: Any,
-        upstream: asyncio.StreamWriter,
+        upstream: Any,
         head: bytes,
         name: str,
         rule: dict[str, str],
@@ -440,7 +449,7 @@ class EgressProxy:
 
 
 async def _copy(reader: Any, writer: Any, masker: Masker | None = None) -> None:
-    """Relay ``reader`` to ``writer`` (asyncio streams, or a tls.TlsServer), masking what
+    """Relay ``reader`` to ``writer`` (asyncio streams, or tls.TlsStream), masking what
     ``masker`` holds when given."""
     try:
         while True:
@@ -465,9 +474,7 @@ async def _copy(reader: Any, writer: Any, masker: Masker | None = None) -> None:
             writer.close()
 
 
-async def _relay_body(
-    reader: Any, upstream: asyncio.StreamWriter, buffer: bytes, length: int | None
-) -> bytes:
+async def _relay_body(reader: Any, upstream: Any, buffer: bytes, length: int | None) -> bytes:
     """Forward one request body (``length`` bytes, or chunked: None) from ``buffer`` and
     then ``reader``; return what follows it (the next request's start)."""
 

@@ -69,6 +69,8 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import CreateRefused, NetworkPolicy, RuntimeUnavailable
+from e2bfacade.runtime.local.atomic import write_json
+from e2bfacade.runtime.local.ids import ID_SLOTS
 from e2bfacade.runtime.local.net import roots
 from e2bfacade.runtime.local.net.nft import Nft, NftError, shared
 from e2bfacade.runtime.local.net.rules import (
@@ -77,7 +79,7 @@ from e2bfacade.runtime.local.net.rules import (
     rules_for,
     ruleset,
 )
-from e2bfacade.runtime.local.state import ID_SLOTS, Layout, write_json
+from e2bfacade.runtime.local.state import Layout
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from e2bfacade.runtime.local.state import (
+from e2bfacade.runtime.local.atomic import write_json
+from e2bfacade.runtime.local.ids import (
     ID_BLOCK,
     ID_BLOCKS,
     ID_RANGE,
@@ -62,7 +63,6 @@ from e2bfacade.runtime.local.state import (
     holds_sandboxes,
     record_block,
     recorded_block,
-    write_json,
 )
 
 REGISTRY = Path("/run/e2bfacade/roots")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from e2bfacade.runtime.base import NetworkPolicy
-from e2bfacade.runtime.local.state import ID_SLOTS
+from e2bfacade.runtime.local.ids import ID_SLOTS
 
 # What no sandbox reaches, whatever its rules (besides the sandboxes' own range and the
 # uplink's networks, added at setup, and the host's own addresses, which the input hook

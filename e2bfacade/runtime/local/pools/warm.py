@@ -5,7 +5,7 @@ up instead of waiting for it. By default only templates with a start command hav
 
 A pool sandbox is an ordinary sandbox named ``warm-<token>``, made for one *shape* (image,
 CPUs, memory, processes, disk, default user): its ``state.json`` carries ``"warm": <shape
-key>`` (so :meth:`LocalRuntime.list` never shows it, and no team sees it in a listing or a
+key>`` (so the runtime's ``list`` never shows it, and no team sees it in a listing or a
 metric), and the file ``warm.ready`` appears in its directory once its start command is
 ready. A create of that shape claims one:
 
@@ -33,9 +33,8 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import (
     GuestFileError,
@@ -47,11 +46,9 @@ from e2bfacade.runtime.base import (
 from e2bfacade.runtime.local.guest.files import GuestFiles
 from e2bfacade.runtime.local.guest.syscalls import open_guest_root
 from e2bfacade.runtime.local.net import netns
-from e2bfacade.runtime.local.record import LocalSandboxInfo
+from e2bfacade.runtime.local.parts import HostParts
+from e2bfacade.runtime.local.record import LocalSandboxInfo, SandboxRecord
 from e2bfacade.runtime.start import GUEST_ENV_FILE
-
-if TYPE_CHECKING:
-    from e2bfacade.runtime.local.driver import LocalRuntime
 
 PREFIX = "warm-"
 READY = "warm.ready"
@@ -125,19 +122,31 @@ log = logging.getLogger(__name__)
 class WarmPool:
     """The pools of one runtime: per shape, ``size(spec)`` pool sandboxes kept started, a
     background refill (at most one per process; one filler per shape across processes),
-    and the claim a create makes of one."""
+    and the claim a create makes of one. It takes the host's parts, and the host's own
+    ``create`` (a pool sandbox is made as any sandbox is), ``destroy`` (caller holds the
+    id's lock) and ``status`` (a record's sandbox as it is now)."""
 
-    def __init__(self, runtime: LocalRuntime, default: int) -> None:
-        self.runtime = runtime
-        self.sandboxes = runtime.root / "sandboxes"
+    def __init__(
+        self,
+        parts: HostParts,
+        default: int,
+        *,
+        create: Callable[[SandboxSpec], object],
+        destroy: Callable[[str], bool],
+        status: Callable[[SandboxRecord], LocalSandboxInfo],
+        now: Callable[[], float],
+    ) -> None:
+        self.parts = parts
+        self._create, self._destroy, self._status, self._now = create, destroy, status, now
+        self.sandboxes = parts.root / "sandboxes"
         # The default pool of an image with a start command (SANDBOX_WARM_POOL); 0 turns
         # every pool off. Renaming groups needs cgroup v1: on v2 there is no pool.
-        self.target = default if runtime.cgroups.version == 1 else 0
+        self.target = default if parts.cgroups.version == 1 else 0
         self.shapes: dict[str, SandboxSpec] = {}  # the shapes this process refills, newest last
         self.filling = threading.Lock()
 
     def key(self, spec: SandboxSpec) -> str:
-        return shape_key(spec, self.runtime.version)
+        return shape_key(spec, self.parts.version)
 
     def size(self, spec: SandboxSpec, has_start: bool | None = None) -> int:
         """How many pool sandboxes ``spec``'s shape keeps: the spec's own ``warm_pool``, or
@@ -155,7 +164,8 @@ class WarmPool:
     def _has_start(self, spec: SandboxSpec) -> bool:
         """Whether the image itself has a start command (not one it inherits: a snapshot of
         such a template has none of its own; an image that is gone has none)."""
-        return bool(self.runtime.images.read_or_empty(spec.image_id).get("start"))
+        meta = self.parts.images.read_or_none(spec.image_id)
+        return meta is not None and meta.start is not None
 
     def forget(self, spec: SandboxSpec) -> None:
         """Refill ``spec``'s shape no more (its pool was turned off)."""
@@ -164,7 +174,7 @@ class WarmPool:
     def claim(self, spec: SandboxSpec, start: StartCommand | None) -> LocalSandboxInfo | None:
         """Take a ready pool sandbox of the create's shape as ``spec.sandbox_id``; None when
         there is none. Caller holds the id's lock; the id has no directory."""
-        rt = self.runtime
+        rt = self.parts
         d = rt.layout.sandbox_dir(spec.sandbox_id)
         for pool_dir in ready(self.sandboxes, self.key(spec)):
             # Its lock keeps the sweep off it while it moves (a lock stripe it shares with
@@ -179,16 +189,16 @@ class WarmPool:
             info = self._adopt(spec, pool_dir.name, start)
             if info is not None:
                 return info
-            rt.destroy(spec.sandbox_id)  # it had died: under both names
+            self._destroy(spec.sandbox_id)  # it had died: under both names
         return None
 
     def _adopt(
         self, spec: SandboxSpec, pool_id: str, start: StartCommand | None
     ) -> LocalSandboxInfo | None:
-        rt = self.runtime
+        rt = self.parts
         d = rt.layout.sandbox_dir(spec.sandbox_id)
-        record = rt.record_at(d)
-        if record is None or rt.info(record).state is not SandboxState.RUNNING:
+        record = SandboxRecord.load(d)
+        if record is None or self._status(record).state is not SandboxState.RUNNING:
             return None
         if start is not None and start.ready_port is not None:
             try:  # its service may have died while it waited (killed, out of memory)
@@ -222,7 +232,7 @@ class WarmPool:
         adopted = record.replace(
             sandbox_id=spec.sandbox_id,
             hostname=spec.hostname,
-            created_at=rt.now(),
+            created_at=self._now(),
             env_vars=dict(spec.env_vars),
             envd_access_token=spec.envd_access_token,
             traffic_access_token=spec.traffic_access_token,
@@ -232,7 +242,7 @@ class WarmPool:
             warm_version=None,
         )
         adopted.save(d)  # the commit point, as for any create
-        return rt.info(adopted)
+        return self._status(adopted)
 
     def keep(self, spec: SandboxSpec) -> None:
         """Keep ``size(spec)`` pool sandboxes of ``spec``'s shape ready (a background
@@ -258,7 +268,7 @@ class WarmPool:
 
     def _fill_pass(self) -> bool:
         """One pool sandbox for each shape short of its target; whether any was made."""
-        rt = self.runtime
+        rt = self.parts
         made = False
         for key, shape in reversed(list(self.shapes.items())):
             with rt.layout.locked("warm", key, blocking=False) as got:
@@ -268,7 +278,7 @@ class WarmPool:
                     continue
                 pool_id = new_id()
                 try:
-                    rt.create(
+                    self._create(
                         dataclasses.replace(
                             shape,
                             sandbox_id=pool_id,
@@ -305,15 +315,15 @@ class WarmPool:
             for pool_dir in pool_dirs[wanted.get(key, 0) :]:
                 # Under its lock, and only if it is still there: a create that took it
                 # renamed it under that lock, and its groups still carry this name.
-                with self.runtime.layout.locked("sandbox", pool_dir.name, blocking=False) as got:
+                with self.parts.layout.locked("sandbox", pool_dir.name, blocking=False) as got:
                     if got and (pool_dir / READY).exists():
-                        self.runtime.destroy(pool_dir.name)
+                        self._destroy(pool_dir.name)
 
     def discard(self) -> None:
         """Stop filling and end every pool sandbox (a runtime being torn down)."""
         self.target = 0
         with self.filling:
-            for sid in sorted(self.runtime.layout.sandbox_ids()):
+            for sid in sorted(self.parts.layout.sandbox_ids()):
                 if is_warm(sid):
-                    with self.runtime.layout.locked("sandbox", sid):
-                        self.runtime.destroy(sid)
+                    with self.parts.layout.locked("sandbox", sid):
+                        self._destroy(sid)

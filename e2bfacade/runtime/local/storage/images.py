@@ -1,4 +1,4 @@
-"""The local driver's images: read-only lower layers under ``images/<id>/``, each with a
+"""The host runtime's images: read-only lower layers under ``images/<id>/``, each with a
 parent (a snapshot's parent is the image its sandbox ran), published by rename so readers
 never see half an image.
 
@@ -28,12 +28,12 @@ from e2bfacade.runtime.base import (
     ImageBuild,
     ImageInfo,
     ImageNotFound,
-    StartCommand,
 )
+from e2bfacade.runtime.local.atomic import write_json as state_write_json
 from e2bfacade.runtime.local.build import CLEAN_ENV
 from e2bfacade.runtime.local.state import Layout
-from e2bfacade.runtime.local.state import write_json as state_write_json
 from e2bfacade.runtime.local.storage import homes, layers, trees
+from e2bfacade.runtime.local.storage.image_meta import ImageMeta, env_of, start_of, workdir_of
 
 BASE_IMAGE = BUILTIN_IMAGE
 GUEST_USER_UID = 1000
@@ -80,51 +80,60 @@ BASE_DIRS = (
 # (homes.py).
 MOUNT_POINTS = ("proc", "sys", "dev", "run", "tmp")
 
-Builder = Callable[[Path], dict[str, Any]]
+# Fills a new image's directory (its rootfs/ made empty), returning what it is made of;
+# publish() records its size, xattr namespace and time.
+Builder = Callable[[Path], ImageMeta]
 
 
 class ImageStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
 
-    def read(self, image_id: str) -> dict[str, Any]:
+    def _read_json(self, image_id: str) -> dict[str, Any]:
         try:
             return json.loads((self.layout.image_dir(image_id) / "image.json").read_text())  # type: ignore[no-any-return]
         except FileNotFoundError:
             raise ImageNotFound(f"image {image_id!r} does not exist") from None
 
-    def read_or_empty(self, image_id: str) -> dict[str, Any]:
+    def read(self, image_id: str) -> ImageMeta:
+        return ImageMeta.from_json(image_id, self._read_json(image_id))
+
+    def read_or_none(self, image_id: str) -> ImageMeta | None:
         try:
             return self.read(image_id)
         except ImageNotFound:
-            return {}
+            return None
 
     def info(self, image_id: str) -> ImageInfo:
         meta = self.read(image_id)
         return ImageInfo(
             image_id=image_id,
-            parent=meta.get("parent"),
-            size_bytes=int(meta.get("size", 0)),
-            created_at=float(meta.get("created", 0)),
+            parent=meta.parent,
+            size_bytes=meta.size,
+            created_at=meta.created,
             start=start_of(self.chain(image_id)),
         )
 
     def exists(self, image_id: str) -> bool:
         return (self.layout.image_dir(image_id) / "image.json").exists()
 
-    def chain(self, image_id: str) -> builtins.list[dict[str, Any]]:
-        """The image and its ancestors, top layer first, each as its image.json plus "id"."""
-        chain: builtins.list[dict[str, Any]] = []
+    def chain(self, image_id: str) -> builtins.list[ImageMeta]:
+        """The image and its ancestors, top layer first."""
+        chain: builtins.list[ImageMeta] = []
         current: str | None = image_id
         while current is not None:
-            meta = {**self.read(current), "id": current}
+            meta = self.read(current)
             chain.append(meta)
-            current = meta.get("parent")
+            current = meta.parent
         return chain
+
+    def layer(self, image_id: str) -> Path:
+        """The image's files: a lower layer of its sandboxes' root."""
+        return self.layout.image_dir(image_id) / "rootfs"
 
     def chain_ids(self, image_id: str) -> builtins.list[str]:
         try:
-            return [m["id"] for m in self.chain(image_id)]
+            return [m.image_id for m in self.chain(image_id)]
         except ImageNotFound:
             return [image_id]
 
@@ -139,7 +148,7 @@ class ImageStore:
         return [
             name
             for name in self.list()
-            if name != image_id and self.read_or_empty(name).get("parent") == image_id
+            if name != image_id and (m := self.read_or_none(name)) and m.parent == image_id
         ]
 
     def publish(self, image_id: str, build: Builder) -> ImageInfo:
@@ -152,11 +161,14 @@ class ImageStore:
             _remove_quietly(tmp)
             (tmp / "rootfs").mkdir(parents=True)
             try:
-                meta = build(tmp)
-                meta["size"] = trees.tree_size(tmp / "rootfs")
-                meta["xattrs"] = "user"
-                meta["created"] = time.time()
-                (tmp / "image.json").write_text(json.dumps(meta))
+                meta = dataclasses.replace(
+                    build(tmp),
+                    image_id=image_id,
+                    size=trees.tree_size(tmp / "rootfs"),
+                    xattrs="user",
+                    created=time.time(),
+                )
+                (tmp / "image.json").write_text(json.dumps(meta.to_json()))
                 _remove_quietly(final)
                 os.rename(tmp, final)
             except BaseException:
@@ -172,9 +184,9 @@ class ImageStore:
         chain = self.chain(image_id)
         if len(chain) == 1:
             return self.info(image_id)
-        lowers = [str(self.layout.image_dir(m["id"]) / "rootfs") for m in chain]
+        lowers = [str(self.layer(m.image_id)) for m in chain]
 
-        def make(tmp: Path) -> dict[str, Any]:
+        def make(tmp: Path) -> ImageMeta:
             merged = tmp / "merged"
             merged.mkdir()
             subprocess.run(
@@ -191,16 +203,16 @@ class ImageStore:
             finally:
                 subprocess.run(["umount", str(merged)], check=True, env=CLEAN_ENV)
                 merged.rmdir()
-            binds: list[Any] = []
+            binds: list[str] = []
             for meta in chain:
-                binds += [b for b in meta.get("host_binds") or [] if b not in binds]
-            out: dict[str, Any] = {"parent": None, "host_binds": binds, "env": env_of(chain)}
-            start = next((m["start"] for m in chain if m.get("start")), None)
-            if start:
-                out["start"] = start
-            if workdir := workdir_of(chain):
-                out["workdir"] = workdir
-            return out
+                binds += [b for b in meta.host_binds if b not in binds]
+            return ImageMeta(
+                new_id,
+                host_binds=tuple(binds),
+                env=env_of(chain),
+                start=start_of(chain),
+                workdir=workdir_of(chain),
+            )
 
         return self.publish(new_id, make)
 
@@ -216,8 +228,11 @@ class ImageStore:
         ``trusted.overlay.opaque``; the sandboxes' userxattr overlays read the ``user.``
         name. Mark them so, once per image (recorded in its image.json)."""
         for image_id in self.list():
-            meta = self.read_or_empty(image_id)
-            if not meta or meta.get("xattrs") == "user":
+            try:  # as a dict: rewritten with every key it has, known to this code or not
+                meta = self._read_json(image_id)
+            except ImageNotFound:
+                continue
+            if meta.get("xattrs") == "user":
                 continue
             rootfs = self.layout.image_dir(image_id) / "rootfs"
             trees.mark_user_opaque(rootfs)
@@ -234,18 +249,17 @@ class ImageStore:
         if spec.parent is not None:
             self.read(spec.parent)  # ImageNotFound before anything is made
 
-        def make(tmp: Path) -> dict[str, Any]:
+        def make(tmp: Path) -> ImageMeta:
             spec.populate(tmp / "rootfs")
             if spec.parent is None:  # a whole root file system, finished as an import's
                 finish_root(tmp / "rootfs")
-            meta: dict[str, Any] = {"parent": spec.parent, "host_binds": []}
-            if spec.env:
-                meta["env"] = dict(spec.env)
-            if spec.start is not None:
-                meta["start"] = dataclasses.asdict(spec.start)
-            if spec.workdir:
-                meta["workdir"] = spec.workdir
-            return meta
+            return ImageMeta(
+                spec.image_id,
+                parent=spec.parent,
+                env=dict(spec.env),
+                start=spec.start,
+                workdir=spec.workdir or None,
+            )
 
         return self.publish(spec.image_id, make)
 
@@ -256,10 +270,10 @@ class ImageStore:
         user's account and home if the tarball has none (homes.py)."""
         spool = self.layout.root / "run" / f".import-{image_id}-{os.getpid()}.tar"
 
-        def make(tmp: Path) -> dict[str, Any]:
+        def make(tmp: Path) -> ImageMeta:
             layers.extract_layer(spool, tmp / "rootfs")
             finish_root(tmp / "rootfs")
-            return {"parent": None, "host_binds": []}
+            return ImageMeta(image_id)
 
         try:
             with open(spool, "wb") as out:
@@ -286,43 +300,12 @@ def finish_root(rootfs: Path) -> None:
     homes.ensure_default_user(rootfs)
 
 
-def start_of(chain: builtins.list[dict[str, Any]]) -> StartCommand | None:
-    """The start command of the topmost image in ``chain`` that has one."""
-    for meta in chain:
-        start = meta.get("start")
-        if start:
-            return StartCommand(
-                argv=tuple(start["argv"]),
-                user=str(start.get("user") or "user"),
-                cwd=start.get("cwd"),
-                env=dict(start.get("env") or {}),
-                ready_port=start.get("ready_port"),
-                ready_timeout=float(start.get("ready_timeout", 60.0)),
-                ready_argv=tuple(start["ready_argv"]) if start.get("ready_argv") else None,
-            )
-    return None
-
-
-def workdir_of(chain: builtins.list[dict[str, Any]]) -> str | None:
-    """The working directory of processes that name none: the topmost image's that sets
-    one (a snapshot keeps its template's)."""
-    return next((str(m["workdir"]) for m in chain if m.get("workdir")), None)
-
-
-def env_of(chain: builtins.list[dict[str, Any]]) -> dict[str, str]:
-    """The images' environment, the top layer's values winning."""
-    env: dict[str, str] = {}
-    for meta in reversed(chain):
-        env.update(meta.get("env") or {})
-    return env
-
-
 def _remove_quietly(path: Path) -> None:
     with contextlib.suppress(OSError):
         trees.remove_tree(path)
 
 
-def _build_base(tmp: Path) -> dict[str, Any]:
+def _build_base(tmp: Path) -> ImageMeta:
     rootfs = tmp / "rootfs"
     binds = ["/usr"]
     for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -371,4 +354,4 @@ def _build_base(tmp: Path) -> dict[str, Any]:
     (etc / "hostname").write_text("e2b\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (etc / "resolv.conf").write_text("")
-    return {"parent": None, "host_binds": binds}
+    return ImageMeta(BASE_IMAGE, host_binds=tuple(binds))

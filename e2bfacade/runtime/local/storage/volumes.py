@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from e2bfacade.runtime.base import CreateRefused, check_id
 from e2bfacade.runtime.local.storage import disks, trees
-from e2bfacade.runtime.volumes import VolumeInfo, VolumeInUse, VolumeNotFound
+from e2bfacade.runtime.volumes import VolumeInfo, VolumeInUse, VolumeMount, VolumeNotFound
 
 if TYPE_CHECKING:
     from e2bfacade.runtime.local.state import Layout
@@ -49,6 +50,16 @@ MOUNT = "data"
 GUEST_USER = 1000  # the guest's ``user``: owns the volume's root directory
 MIN_VOLUME_MB = 8
 NO_SUBDIRS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """A volume of a sandbox as a launcher mounts it: ``source``, its mount on the host, at
+    ``target``, a guest path (each launcher turns it into its own form: the C launcher's
+    request item, gVisor's bind in the root tree)."""
+
+    source: Path
+    target: str
 
 
 class VolumeStore:
@@ -115,6 +126,23 @@ class VolumeStore:
                     raise
             self._mount_now(volume_id)
             return self._info(volume_id)
+
+    @contextlib.contextmanager
+    def held(self, mounts: tuple[VolumeMount, ...]) -> Iterator[list[HostMount]]:
+        """Each volume of ``mounts`` mounted on the host, and held (its lock, shared) so that
+        no delete takes it until the sandbox's record names it: a launch runs inside.
+        CreateRefused for a volume that does not exist."""
+        with contextlib.ExitStack() as stack:
+            for volume_id in sorted({m.volume_id for m in mounts}):
+                stack.enter_context(self.layout.locked("volume", volume_id, shared=True))
+            held = []
+            for mount in mounts:
+                try:
+                    source = self.ensure_mounted(mount.volume_id)
+                except VolumeNotFound:
+                    raise CreateRefused(f"volume {mount.volume_id} does not exist") from None
+                held.append(HostMount(source, mount.path))
+            yield held
 
     def ensure_mounted(self, volume_id: str) -> Path:
         """The volume's host mount point, mounted (lazily, once, under its mount lock: a
