@@ -516,6 +516,18 @@ TEMPLATE_PULL_CACHE_KEEP_DAYS = _positive_int("TEMPLATE_PULL_CACHE_KEEP_DAYS", 1
 TEMPLATE_PULL_CACHE_MAX_MB = _positive_int("TEMPLATE_PULL_CACHE_MAX_MB", 20 * 1024)
 TEMPLATE_BASES_CACHE_KEEP_DAYS = _positive_int("TEMPLATE_BASES_CACHE_KEEP_DAYS", 30)
 TEMPLATE_BASES_CACHE_MAX_MB = _positive_int("TEMPLATE_BASES_CACHE_MAX_MB", 4 * 1024)
+# The system templates' finished images (code-interpreter-v1), kept by the digest of their
+# inputs outside any sandbox root, so a new root or a host that lost its images restores
+# one in seconds instead of building it (templates/builds/image_cache.py). Pruned as above.
+TEMPLATE_IMAGE_CACHE_DIR = Path(
+    env.str("TEMPLATE_IMAGE_CACHE_DIR", default=str(TEMPLATE_CACHE_DIR / "images"))
+)
+if not TEMPLATE_IMAGE_CACHE_DIR.is_absolute():
+    raise ImproperlyConfigured(
+        f"TEMPLATE_IMAGE_CACHE_DIR must be an absolute path, got {str(TEMPLATE_IMAGE_CACHE_DIR)!r}"
+    )
+TEMPLATE_IMAGE_CACHE_KEEP_DAYS = _positive_int("TEMPLATE_IMAGE_CACHE_KEEP_DAYS", 30)
+TEMPLATE_IMAGE_CACHE_MAX_MB = _positive_int("TEMPLATE_IMAGE_CACHE_MAX_MB", 8 * 1024)
 # How long an upload URL handed to the SDK stays valid (E2B: 30 minutes).
 TEMPLATE_UPLOAD_URL_SECONDS = _positive_int("TEMPLATE_UPLOAD_URL_SECONDS", 1800)
 # An upload's whole body must arrive within this (and 64 KiB of it within every

@@ -1,14 +1,16 @@
 """Pruning the build pipeline's host caches, which nothing else ever shrinks: the pulled
 images' flattened trees (``TEMPLATE_PULL_CACHE_DIR``, registry.py) and the Debian bases'
-tarballs and OCI layouts (``TEMPLATE_CACHE_DIR/bases``, debian.py).
+tarballs and OCI layouts (``TEMPLATE_CACHE_DIR/bases``, debian.py), and the system
+templates' finished images (``TEMPLATE_IMAGE_CACHE_DIR``, image_cache.py).
 
 An entry is what one key caches (a pulled tree's directory; a base's ``.tar`` or ``.oci``)
 with the time it was last used (a cache hit touches it) and its size on disk. Pruning
 removes every entry unused for the cache's keep-days, then, while the cache is over its
 size, the least recently used — but never an entry used within the last ``GRACE_SECONDS``
 (a build may be copying it into an image right now), never a current Debian recipe's, and
-never one whose lock a puller or builder holds (taken without waiting, held while it goes).
-A runtime image made from an entry does not need it: the entry only saves the next pull.
+never one whose lock a puller, builder or restorer holds (taken without waiting, held
+while it goes). A runtime image made from an entry does not need it: the entry only saves
+the next pull.
 """
 
 from __future__ import annotations
@@ -87,6 +89,21 @@ def bases_entries(cache_dir: Path, keep: Iterable[str]) -> list[Entry]:
     return out
 
 
+def image_entries(cache_dir: Path) -> list[Entry]:
+    """The finished images of image_cache.py: a directory per key, its lock beside it, last
+    used when its manifest was (a restore touches it)."""
+    if not cache_dir.is_dir():
+        return []
+    out = []
+    for path in cache_dir.iterdir():
+        if path.name.startswith(".") or not path.is_dir():
+            continue
+        meta = path / "manifest.json"
+        used = meta.stat().st_mtime if meta.exists() else path.stat().st_mtime
+        out.append(Entry(path, cache_dir / f".{path.name}.lock", used, disk_bytes(path)))
+    return out
+
+
 def prune(
     entries: Iterable[Entry], *, keep_seconds: float, max_bytes: int, now: float | None = None
 ) -> list[Path]:
@@ -128,7 +145,8 @@ def _remove(entry: Entry) -> bool:
 
 
 def prune_all() -> list[Path]:
-    """Prune both caches by their settings (the worker's image sweep calls it)."""
+    """Prune the three caches by their settings (the worker's image sweep calls it)."""
+    from templates.builds import image_cache
     from templates.builds.debian import RECIPES
 
     pulled = prune(
@@ -141,4 +159,4 @@ def prune_all() -> list[Path]:
         keep_seconds=settings.TEMPLATE_BASES_CACHE_KEEP_DAYS * DAY,
         max_bytes=settings.TEMPLATE_BASES_CACHE_MAX_MB << 20,
     )
-    return pulled + bases
+    return pulled + bases + image_cache.prune()

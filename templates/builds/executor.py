@@ -41,6 +41,7 @@ from templates.builds.steps import Context, StepFailed
 
 if TYPE_CHECKING:
     from templates.builds.files import Pinned
+    from templates.builds.image_cache import ImageCache
 
 logger = logging.getLogger(__name__)
 # A step slower than this is worth a layer of its own in the cache.
@@ -138,8 +139,14 @@ class Execution:
         internet: bool,
         step_timeout: float,
         budget: Budget,
+        host_cache: ImageCache | None = None,
     ) -> None:
         self.runtime, self.plan, self.base, self.report = runtime, plan, base, report
+        # The host's image cache (image_cache.py): a build whose whole result it holds is
+        # restored from it, and a build it does not hold is kept in it once made.
+        self.host_cache = host_cache
+        if host_cache is not None:
+            self.report = host_cache.recording(report)
         self.archive, self.internet, self.step_timeout = archive, internet, step_timeout
         self.budget = budget
         self.guest: Guest | None = None
@@ -150,6 +157,7 @@ class Execution:
         self.disk_used: int | None = None
         self.sandbox_image = ""
         self.current = "base"  # the step running: where a failure is reported
+        self.made_final = False  # whether the final image is this build's (not a cache hit)
 
     # ----------------------------------------------------------------------- the phases
     def run(self) -> Result:
@@ -179,6 +187,8 @@ class Execution:
             h = S.step_hash(h, step)
             archives = self._bind_archive(archives, step)
             todo.append((h, _cache_key(h, archives), str(n), step))
+        final_key = self._final_key(h)
+        final_cache_key = _cache_key(final_key, archives)
         # The longest cached prefix, up to the first forced step: the last step with a
         # layer. Keys chain, so a hit at step i means steps 1..i are those of a past build;
         # only slow steps and the last one keep a layer, so the steps before it need none.
@@ -186,6 +196,12 @@ class Execution:
         usable = next(
             (i for i, (*_, step) in enumerate(todo) if force or step.get("force")), len(todo)
         )
+        cache = self.host_cache
+        if cache is not None and usable == len(todo) and report.cached(final_cache_key) is None:
+            restored = cache.restore_build(final_cache_key, final_key, todo, report)
+            if restored is not None:
+                self._admit(restored.image_id, made=True)
+                return Result(restored.image_id, restored.context)
         for i in reversed(range(usable)):
             hit = report.cached(todo[i][1])
             if hit is not None and depth(self.runtime, hit.image_id) <= MAX_DEPTH:
@@ -210,7 +226,17 @@ class Execution:
                 self.layers += 1
                 layer = Layer(self._capture(self._image_id("tl", cache_key)), ctx)
                 report.remember(cache_key, layer)
-        return self._finalize(h, archives, layer)
+        result = self._finalize(layer, final_key, final_cache_key)
+        if cache is not None and self.made_final:  # not a past build's, from the layer cache
+            cache.keep_build(final_cache_key, result.image_id, self.plan.build_id)
+        return result
+
+    def _final_key(self, h: str) -> str:
+        """E2B's hash of the finalize phase: the steps' chain and the commands."""
+        start_cmd, ready_cmd = self.plan.spec.get("startCmd"), self.plan.spec.get("readyCmd")
+        if start_cmd and not ready_cmd:
+            ready_cmd = FINAL_DEFAULT_READY
+        return S.chain(h, "FINALIZE", start_cmd or "", ready_cmd or "")
 
     def _image_id(self, kind: str, cache_key: str) -> str:
         """The id of the image this build makes now for ``cache_key``: the team's name for
@@ -234,13 +260,11 @@ class Execution:
         # Missing: a key no layer has (the step fails "never uploaded" when it runs).
         return S.chain(archives, "FILES", pinned.sha256 if pinned else "<missing>")
 
-    def _finalize(self, h: str, archives: str, layer: Layer) -> Result:
+    def _finalize(self, layer: Layer, key: str, cache_key: str) -> Result:
         spec, report, plan = self.plan.spec, self.report, self.plan
         start_cmd, ready_cmd = spec.get("startCmd"), spec.get("readyCmd")
         if start_cmd and not ready_cmd:
             ready_cmd = FINAL_DEFAULT_READY
-        key = S.chain(h, "FINALIZE", start_cmd or "", ready_cmd or "")
-        cache_key = _cache_key(key, archives)
         self.current = "finalize"
         hit = None if spec["force"] else report.cached(cache_key)
         report.alive()
@@ -284,6 +308,7 @@ class Execution:
             image_id = self.runtime.squash_image(image_id, squashed).image_id
             self._admit(image_id, made=made)
         report.remember(cache_key, Layer(image_id, ctx))
+        self.made_final = True
         return Result(image_id, ctx)
 
     # ------------------------------------------------------------------------ the steps

@@ -28,7 +28,7 @@ from e2bfacade import crypto
 from e2bfacade.models import Team
 from e2bfacade.runtime.base import SandboxRuntimeError
 from nodes.selectors import local_node, local_runtime
-from templates.builds import bases, files, tags, wakeup
+from templates.builds import bases, files, image_cache, tags, wakeup
 from templates.builds.bounds import ImageBudget
 from templates.builds.executor import Base, Canceled, Execution, Layer, Plan, image_namespace
 from templates.builds.services import append_log, finish_error
@@ -326,6 +326,13 @@ def run(build: TemplateBuild, owner: str) -> None:
     try:
         base = _base(build, spec)
         step = ""
+        host_cache = image_cache.for_build(
+            runtime,
+            team_id=build.team_id,
+            system=build.team.system,
+            base=base.image_id,
+            internet=settings.TEMPLATE_BUILD_INTERNET,
+        )
         execution = Execution(
             runtime,
             plan,
@@ -335,6 +342,7 @@ def run(build: TemplateBuild, owner: str) -> None:
             internet=settings.TEMPLATE_BUILD_INTERNET,
             step_timeout=float(settings.TEMPLATE_STEP_TIMEOUT_SECONDS),
             budget=ImageBudget(runtime, build.team_id),
+            host_cache=host_cache,
         )
         result = execution.run()
         report.flush()
