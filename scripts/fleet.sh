@@ -422,7 +422,7 @@ down() {
         # Its sandboxes, pooled disks, daemons and rules: the runtime's own teardown, in
         # the host's namespaces (its mounts are there).
         if [[ -e "$FLEET_DIR/ns/$h.mnt" && -s "$d/env" ]]; then
-            in_host "$h" env $(cat "$d/env") "$python" manage.py teardown_root >/dev/null 2>&1
+            in_host "$h" env $(cat "$d/env") "$python" manage.py teardown_root --kill >>"$FLEET_DIR/down.log" 2>&1
         fi
         kill_host "$h"
     done

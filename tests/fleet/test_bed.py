@@ -273,6 +273,14 @@ def test_a_partitioned_host_is_answered_unreachable_fences_itself_and_serves_aga
             assert sandbox.commands.run("echo alive").stdout.strip() == "alive"
     finally:
         fleet(sdk, "heal", host)
+    # Both of its backends back in the front (their checks are apart), then its sandbox.
+    label = host_label(host_ids(sdk)[host])
+    eventually(
+        lambda: [front_status(sdk, f"{label}-{plane}", host) for plane in ("api", "sandbox")],
+        within=30,
+        what="the front to find both of the host's backends up again",
+        until=lambda states: all(state.startswith("UP") for state in states),
+    )
     eventually(
         lambda: cut.commands.run("echo back").stdout.strip(),
         within=30,

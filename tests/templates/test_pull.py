@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from templates.builds.registry import PullFailed, RegistryAuth, pull
-from tests.support.live_process import free_port
 from tests.templates.conftest import REGISTRY_PASSWORD, REGISTRY_USER
 
 
@@ -66,9 +66,13 @@ def test_a_name_the_registry_lacks_is_a_clear_error(registry_url: str, pull_cach
 
 
 def test_an_unreachable_registry_is_a_clear_error(pull_cache: Path) -> None:
-    nobody = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(PullFailed) as caught:
-        pull("debian:bookworm", auth=None, mirror=nobody, cache_dir=pull_cache, team_id=1)
+    # A port held bound and never listened on: refused, and no other test's server can
+    # take it meanwhile (a port found free and let go was once another server's).
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(PullFailed) as caught:
+            pull("debian:bookworm", auth=None, mirror=nobody, cache_dir=pull_cache, team_id=1)
     assert caught.value.message == "the registry for 'debian:bookworm' is unreachable"
 
 
