@@ -65,6 +65,8 @@ def bed() -> Iterator[dict[str, str]]:
     assert state["dir"] not in Path("/proc/self/mountinfo").read_text()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert state["dir"] not in ps
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert state["dir"] not in loops
 
 
 @pytest.fixture
