@@ -236,6 +236,11 @@ if ETCD_ENDPOINTS and not (FLEET_API_URL and FLEET_SANDBOX_URL):
         "with ETCD_ENDPOINTS, FLEET_API_URL and FLEET_SANDBOX_URL must say where the other "
         "hosts and the front reach this host's API and data plane"
     )
+if ETCD_ENDPOINTS and DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    raise ImproperlyConfigured(
+        "with ETCD_ENDPOINTS, DATABASE_URL must be PostgreSQL: the hosts of a fleet share "
+        "one database, which SQLite cannot be"
+    )
 
 # --- sandboxes -------------------------------------------------------------------------
 SANDBOX_RUNTIME = env.str("SANDBOX_RUNTIME", default="local")

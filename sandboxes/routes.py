@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
-from e2bfacade.fleet.haproxy import Front, FrontError
+from e2bfacade.fleet.haproxy import Front
 from nodes.selectors import host_label
 from sandboxes.models import Sandbox
 
@@ -92,7 +92,7 @@ class Syncer:
                     size = self.resync()
                     log.info("front map resynchronised: %d sandboxes", size)
                     due = time.monotonic() + self.resync_seconds
-                if listening is None:
+                if listening is None:  # SQLite: one host, no fleet; resync only
                     stop.wait(min(1.0, self.resync_seconds))
                     continue
                 announced: set[str] = set()
@@ -103,7 +103,7 @@ class Syncer:
                     announced.add(notify.payload)
                 if announced:
                     self.apply(announced)
-            except (FrontError, Exception) as exc:  # noqa: BLE001 - retried whole
+            except Exception as exc:  # noqa: BLE001 - HAProxy or the database away: retried
                 log.warning("front sync: %s; resynchronising in 1 s", exc)
                 self.close()
                 due = 0.0

@@ -87,3 +87,33 @@ def test_sandbox_domain_accepts_a_domain_with_a_port_in_any_case(value: str, dom
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == domain
+
+
+FLEET = {
+    "ETCD_ENDPOINTS": "http://127.0.0.1:2379",
+    "FLEET_API_URL": "http://10.0.0.2:3000",
+    "FLEET_SANDBOX_URL": "http://10.0.0.2:3001",
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/unused",
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"FLEET_API_URL": ""}, "FLEET_API_URL"),
+        ({"FLEET_SANDBOX_URL": ""}, "FLEET_SANDBOX_URL"),
+        ({"DATABASE_URL": "sqlite:////tmp/unused.sqlite3"}, "DATABASE_URL"),
+        ({"FLEET_LEASE_SECONDS": "2"}, "FLEET_LEASE_SECONDS"),
+        ({"FLEET_PREFIX": "e2bfacade"}, "FLEET_PREFIX"),
+    ],
+)
+def test_a_fleet_host_without_what_a_fleet_needs_fails_at_start(
+    overrides: dict[str, str], named: str
+) -> None:
+    assert start_django(**FLEET).returncode == 0  # the base it varies starts
+    result = start_django(**{**FLEET, **overrides})
+
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("django.core.exceptions.ImproperlyConfigured")
+    assert named in last_line
