@@ -162,13 +162,24 @@ def test_a_new_runtime_object_adopts_running_sandboxes(
     assert not any(d.exists() for d in cgroup_dirs(runtime, sandbox_id))
 
 
+def one_listener(runtime: LocalRuntime) -> list[int]:
+    """The root's one sandboxd listener. A spare launcher the listener is parking carries
+    the listener's command line for the moment between its fork and its renaming itself,
+    so a single look can see two on a loaded machine: two that stay are two listeners."""
+    return eventually(
+        lambda: daemon_pids(runtime.root),
+        within=5,
+        what="exactly one sandboxd listener for the root",
+        until=lambda pids: len(pids) == 1,
+    )
+
+
 def test_sandboxes_survive_a_sandboxd_crash_and_creates_still_work(
     runtime: LocalRuntime, new_sandbox_id: Callable[[], str]
 ) -> None:
     before, after = new_sandbox_id(), new_sandbox_id()
     info = runtime.create(SandboxSpec(before, "base"))
-    daemons = daemon_pids(runtime.root)
-    assert len(daemons) == 1, daemons
+    daemons = one_listener(runtime)
     sigkill_and_reap(daemons[0])
 
     assert runtime.status(before).state is SandboxState.RUNNING
@@ -179,12 +190,8 @@ def test_sandboxes_survive_a_sandboxd_crash_and_creates_still_work(
     fresh = runtime.create(SandboxSpec(after, "base"))
     assert fresh.state is SandboxState.RUNNING and not fresh.adopted
     # Spare launchers die with their listener, so that create launched afresh.
-    new_daemons = daemon_pids(runtime.root)
-    assert len(new_daemons) == 1 and new_daemons != daemons, (
-        new_daemons,
-        daemons,
-        [(p, cmdline(p), parent_pid(p)) for p in any_daemon_pids(runtime.root)],
-    )
+    new_daemons = one_listener(runtime)
+    assert new_daemons != daemons
     assert ok(runtime, after, "cat /proc/1/comm").strip() == "e2b-init"
 
 
