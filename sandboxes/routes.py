@@ -20,11 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import close_old_connections, connection
 
 from e2bfacade.fleet.haproxy import Front
+from e2bfacade.listening import Listener
 from nodes.selectors import host_label
 from sandboxes.models import Sandbox
 
@@ -48,7 +48,7 @@ class Syncer:
         self.front = front
         self.resync_seconds = resync_seconds
         self.current: dict[str, str] = {}
-        self._listen: Any = None
+        self._listener = Listener(CHANNEL)
 
     def resync(self) -> int:
         """Replace the whole map with the truth; returns its size."""
@@ -71,15 +71,6 @@ class Syncer:
             self.current.pop(sid, None)
         self.front.write_file(self.current)
 
-    def _listening(self) -> Any:
-        if self._listen is not None and not self._listen.closed:
-            return self._listen
-        conn = connection.get_new_connection(connection.get_connection_params())
-        conn.autocommit = True
-        conn.execute(f"LISTEN {CHANNEL}")
-        self._listen = conn
-        return conn
-
     def run(self, stop: threading.Event) -> None:
         """Until ``stop``: resync, then apply what is announced; resync again every
         ``resync_seconds`` and after any failure (the database or HAProxy away: retried
@@ -87,7 +78,9 @@ class Syncer:
         due = 0.0
         while not stop.is_set():
             try:
-                listening = self._listening() if connection.vendor == "postgresql" else None
+                listening = (
+                    self._listener.connection() if connection.vendor == "postgresql" else None
+                )
                 if time.monotonic() >= due:
                     size = self.resync()
                     log.info("front map resynchronised: %d sandboxes", size)
@@ -111,9 +104,4 @@ class Syncer:
         self.close()
 
     def close(self) -> None:
-        if self._listen is not None:
-            try:
-                self._listen.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
-            self._listen = None
+        self._listener.close()

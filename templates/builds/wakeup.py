@@ -17,6 +17,8 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from e2bfacade.listening import Listener
+
 logger = logging.getLogger("e2bfacade.builds")
 CHANNEL = "e2bfacade_template_builds"
 IDLE_MIN_SECONDS = 0.1
@@ -42,7 +44,7 @@ class Waiter:
     the poll interval passed or ``stop`` was set; ``busy()`` after a build ran."""
 
     def __init__(self) -> None:
-        self._listen: Any = None
+        self._listener = Listener(CHANNEL)
         self._interval = IDLE_MIN_SECONDS
 
     def busy(self) -> None:
@@ -65,22 +67,11 @@ class Waiter:
     def _listening(self) -> Any:
         if connection.vendor != "postgresql":
             return None
-        if self._listen is not None and not self._listen.closed:
-            return self._listen
         try:
-            conn = connection.get_new_connection(connection.get_connection_params())
-            conn.autocommit = True
-            conn.execute(f"LISTEN {CHANNEL}")
+            return self._listener.connection()
         except Exception:  # noqa: BLE001 - poll instead, and try again next time
             logger.warning("build workers cannot LISTEN; polling", exc_info=True)
             return None
-        self._listen = conn
-        return conn
 
     def close(self) -> None:
-        if self._listen is not None:
-            try:
-                self._listen.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
-            self._listen = None
+        self._listener.close()
